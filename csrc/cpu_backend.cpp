@@ -1,0 +1,347 @@
+// CPU reference backend: q4 and top-k encode/decode over flattened segment lists.
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "element_math.h"
+#include "gradcomp/cpu.h"
+#include "gradcomp/format.h"
+
+namespace gradcomp {
+namespace cpu {
+namespace {
+
+using math::PayloadHeader;
+
+// Reads and writes elements of a flattened segment list in contiguous runs.
+class SegmentView {
+ public:
+  SegmentView(const Segment* segments, int count, uint8_t dtype)
+      : segments_(segments), count_(count), dtype_(dtype) {}
+
+  // Copies elements [first, first + n) of the flattened view into out as fp32.
+  void gather(int64_t first, int64_t n, float* out) const {
+    for_runs(first, n, [&](const Segment& s, int64_t local, int64_t done, int64_t len) {
+      for (int64_t i = 0; i < len; ++i) out[done + i] = math::load_as_float(s.data, local + i, dtype_);
+    });
+  }
+
+  // Writes fp32 values to elements [first, first + n), rounding to the view's dtype.
+  void scatter(int64_t first, int64_t n, const float* in) const {
+    for_runs(first, n, [&](const Segment& s, int64_t local, int64_t done, int64_t len) {
+      for (int64_t i = 0; i < len; ++i) math::store_from_float(s.data, local + i, dtype_, in[done + i]);
+    });
+  }
+
+ private:
+  template <typename F>
+  void for_runs(int64_t first, int64_t n, F&& f) const {
+    if (n == 0) return;
+    const Segment* end = segments_ + count_;
+    const Segment* s = std::upper_bound(segments_, end, first,
+                                        [](int64_t v, const Segment& seg) { return v < seg.offset; });
+    GRADCOMP_CHECK(s != segments_, "element " << first << " lies before the first segment");
+    --s;
+    int64_t done = 0;
+    while (done < n) {
+      GRADCOMP_CHECK(s != end, "element " << first + done << " lies past the last segment");
+      int64_t local = first + done - s->offset;
+      int64_t len = std::min(n - done, s->numel - local);
+      if (len > 0) {
+        f(*s, local, done, len);
+        done += len;
+      }
+      ++s;
+    }
+  }
+
+  const Segment* segments_;
+  int count_;
+  uint8_t dtype_;
+};
+
+void check_segments(const Segment* segments, int count, int64_t begin, int64_t numel,
+                    const char* what) {
+  GRADCOMP_CHECK(count >= 0 && (count == 0 || segments != nullptr), what << ": no segment table");
+  int64_t expect = count > 0 ? segments[0].offset : 0;
+  for (int i = 0; i < count; ++i) {
+    GRADCOMP_CHECK(segments[i].offset == expect && segments[i].numel >= 0,
+                   what << ": segment " << i << " has offset " << segments[i].offset
+                        << ", expected " << expect << " (segments must be contiguous in order)");
+    GRADCOMP_CHECK(segments[i].numel == 0 || segments[i].data != nullptr,
+                   what << ": segment " << i << " has no data");
+    expect += segments[i].numel;
+  }
+  int64_t first = count > 0 ? segments[0].offset : 0;
+  GRADCOMP_CHECK(numel >= 0, what << ": element count " << numel << " is negative");
+  GRADCOMP_CHECK(numel == 0 || (begin >= first && begin + numel <= expect),
+                 what << ": range [" << begin << ", " << begin + numel
+                      << ") is outside the segments' elements [" << first << ", " << expect << ")");
+}
+
+void check_dtype(uint8_t d, const char* what) {
+  GRADCOMP_CHECK(d <= math::kDtypeBF16, what << ": invalid dtype code " << int(d));
+}
+
+// Writes the header and zeroes the alignment padding after each section, so a payload's bytes
+// are fully determined by its contents.
+void write_header(uint8_t* payload, const PayloadHeader& h) {
+  std::memcpy(payload, &h, sizeof h);
+  const uint64_t s0_end = math::kHeaderBytes + h.section0_bytes;
+  const uint64_t s1 = math::section1_offset(h);
+  std::memset(payload + s0_end, 0, s1 - s0_end);
+  std::memset(payload + s1 + h.section1_bytes, 0, math::payload_bytes_of(h) - s1 - h.section1_bytes);
+}
+
+PayloadHeader read_header(const uint8_t* payload) {
+  PayloadHeader h;
+  std::memcpy(&h, payload, sizeof h);
+  return h;
+}
+
+void validate_payloads(const uint8_t* const* payloads, int num_payloads, uint64_t payload_bytes,
+                       uint8_t codec, uint64_t numel, uint32_t param, uint8_t value_dtype,
+                       const char* what) {
+  GRADCOMP_CHECK(num_payloads >= 1 && payloads != nullptr, what << ": no payloads");
+  for (int w = 0; w < num_payloads; ++w) {
+    GRADCOMP_CHECK(payloads[w] != nullptr, what << ": payload " << w << " is null");
+    GRADCOMP_CHECK(payload_bytes >= math::kHeaderBytes,
+                   what << ": payload " << w << " has " << payload_bytes
+                        << " bytes, fewer than the 64-byte header");
+    int status =
+        math::check_header(read_header(payloads[w]), codec, numel, param, value_dtype, payload_bytes);
+    GRADCOMP_CHECK(status == math::kHeaderOk,
+                   what << ": payload " << w << " (from rank " << w << ") rejected: "
+                        << header_status_message(status));
+  }
+}
+
+float load_residual(const void* r, int64_t i, uint8_t dtype) {
+  return r ? math::load_as_float(r, i, dtype) : 0.0f;
+}
+
+// The approximate-mode threshold: the sample's m-th largest key, as the CUDA kernel finds it.
+uint32_t topk_sample_threshold(const uint32_t* keys, int64_t n, int64_t k) {
+  const int64_t samples = math::topk_sample_size(n);
+  std::vector<uint32_t> sample(static_cast<size_t>(samples));
+  for (int64_t j = 0; j < samples; ++j) sample[j] = keys[math::topk_sample_index(j, n, samples)];
+  const int64_t m = math::topk_sample_rank(k, n, samples);
+  std::nth_element(sample.begin(), sample.begin() + (m - 1), sample.end(), std::greater<uint32_t>());
+  return sample[m - 1];
+}
+
+}  // namespace
+
+void q4_encode(const Q4EncodeParams& p, int num_threads) {
+  Q4Options{static_cast<int>(p.block_size)}.validate();
+  check_dtype(p.dtype, "q4 encode");
+  check_dtype(p.residual_dtype, "q4 encode residual");
+  check_segments(p.segments, p.num_segments, p.begin, p.numel, "q4 encode");
+  GRADCOMP_CHECK(p.begin % p.block_size == 0,
+                 "q4 encode: range start " << p.begin << " is not a multiple of the block size "
+                                           << p.block_size);
+  GRADCOMP_CHECK(p.payload != nullptr, "q4 encode: payload is null");
+  const PayloadHeader h = math::make_q4_header(p.numel, p.block_size, p.dtype, p.stochastic);
+  write_header(p.payload, h);
+  float* scales = reinterpret_cast<float*>(p.payload + math::kHeaderBytes);
+  uint8_t* codes = p.payload + math::section1_offset(h);
+  const int64_t nblocks = static_cast<int64_t>(h.count);
+  const int B = static_cast<int>(p.block_size);
+  SegmentView input(p.segments, p.num_segments, p.dtype);
+
+#pragma omp parallel for num_threads(num_threads > 0 ? num_threads : 1) schedule(static)
+  for (int64_t b = 0; b < nblocks; ++b) {
+    float acc[256];
+    const int64_t start = b * B;
+    const int n = static_cast<int>(std::min<int64_t>(B, p.numel - start));
+    input.gather(p.begin + start, n, acc);
+    uint32_t absmax = 0;
+    for (int i = 0; i < n; ++i) {
+      acc[i] = math::add_rn(acc[i], load_residual(p.residual_in, start + i, p.residual_dtype));
+      absmax = std::max(absmax, math::abs_bits(acc[i]));
+    }
+    const float step = math::q4_step_from_absmax_bits(absmax);
+    std::memcpy(&scales[b], &step, 4);
+    const bool finite = math::is_finite_bits(absmax);
+    int q[256];
+    for (int i = 0; i < n; i += math::kRandomGroup) {
+      const uint64_t element = static_cast<uint64_t>(p.begin + start + i);
+      math::Philox4 r = {{0, 0, 0, 0}};
+      if (p.stochastic && step > 0.0f) r = math::q4_random_group(p.rng, element / math::kRandomGroup);
+      const int end = std::min(n, i + math::kRandomGroup);
+      for (int j = i; j < end; ++j) {
+        q[j] = math::q4_quantize(acc[j], step, math::random16(r, j - i), p.stochastic);
+      }
+    }
+    for (int i = 0; i < n; i += 2) {
+      const uint32_t lo = static_cast<uint32_t>(q[i] + 8);
+      const uint32_t hi = i + 1 < n ? static_cast<uint32_t>(q[i + 1] + 8) : math::kQ4ZeroNibble;
+      codes[(start + i) / 2] = static_cast<uint8_t>(lo | (hi << 4));
+    }
+    if (p.residual_out != nullptr) {
+      for (int i = 0; i < n; ++i) {
+        // A non-finite block keeps its old residual so one bad step cannot poison later ones.
+        const float r = finite ? math::sub_rn(acc[i], math::q4_dequantize(q[i] + 8, step))
+                               : load_residual(p.residual_in, start + i, p.residual_dtype);
+        math::store_from_float(p.residual_out, start + i, p.residual_dtype, r);
+      }
+    }
+  }
+}
+
+void q4_decode(const Q4DecodeParams& p, int num_threads) {
+  Q4Options{static_cast<int>(p.block_size)}.validate();
+  check_dtype(p.dtype, "q4 decode");
+  check_segments(p.segments, p.num_segments, p.begin, p.numel, "q4 decode");
+  validate_payloads(p.payloads, p.num_payloads, p.payload_bytes, math::kCodecQ4, p.numel,
+                    p.block_size, math::kDtypeF32, "q4 decode");
+  const PayloadHeader h = read_header(p.payloads[0]);
+  const uint64_t codes_at = math::section1_offset(h);
+  const int64_t nblocks = static_cast<int64_t>(h.count);
+  const int B = static_cast<int>(p.block_size);
+  SegmentView output(p.segments, p.num_segments, p.dtype);
+  bool nonfinite = false;
+
+#pragma omp parallel for num_threads(num_threads > 0 ? num_threads : 1) schedule(static) \
+    reduction(|| : nonfinite)
+  for (int64_t b = 0; b < nblocks; ++b) {
+    float sum[256] = {0.0f};
+    const int64_t start = b * B;
+    const int n = static_cast<int>(std::min<int64_t>(B, p.numel - start));
+    for (int w = 0; w < p.num_payloads; ++w) {
+      float step;
+      std::memcpy(&step, p.payloads[w] + math::kHeaderBytes + 4 * b, 4);
+      const uint8_t* codes = p.payloads[w] + codes_at;
+      for (int i = 0; i < n; ++i) {
+        const uint8_t byte = codes[(start + i) / 2];
+        const uint32_t nibble = (i & 1) ? (byte >> 4) : (byte & 0xF);
+        sum[i] = math::add_rn(sum[i], math::q4_dequantize(nibble, step));
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      sum[i] = math::div_rn(sum[i], p.divisor);
+      if (!math::is_finite_bits(math::float_bits(sum[i]))) nonfinite = true;
+    }
+    output.scatter(p.begin + start, n, sum);
+  }
+  if (p.nonfinite != nullptr && nonfinite) *p.nonfinite = 1;
+}
+
+uint64_t topk_encode(const TopKEncodeParams& p) {
+  check_dtype(p.dtype, "top-k encode");
+  check_dtype(p.residual_dtype, "top-k encode residual");
+  check_dtype(p.value_dtype, "top-k encode values");
+  check_segments(p.segments, p.num_segments, p.begin, p.numel, "top-k encode");
+  GRADCOMP_CHECK(p.numel <= kTopKMaxNumel,
+                 "top-k encode: bucket of " << p.numel
+                                            << " elements is too large (limit 2^31 - 1: indices are 32-bit)");
+  GRADCOMP_CHECK(p.k >= 0 && p.k <= p.numel, "top-k encode: k = " << p.k << " outside [0, " << p.numel << "]");
+  GRADCOMP_CHECK(p.capacity <= static_cast<uint64_t>(p.numel) && (!p.exact || p.capacity == p.k),
+                 "top-k encode: capacity " << p.capacity << " must be <= numel and equal k in exact mode");
+  GRADCOMP_CHECK(p.payload != nullptr, "top-k encode: payload is null");
+  const int64_t n = p.numel;
+  std::vector<float> acc(static_cast<size_t>(n));
+  std::vector<uint32_t> keys(static_cast<size_t>(n));
+  SegmentView input(p.segments, p.num_segments, p.dtype);
+  input.gather(p.begin, n, acc.data());
+  for (int64_t i = 0; i < n; ++i) {
+    acc[i] = math::add_rn(acc[i], load_residual(p.residual_in, i, p.residual_dtype));
+    keys[i] = math::topk_key(acc[i]);
+  }
+
+  uint32_t threshold = 0;
+  uint64_t eq_limit = ~uint64_t{0};
+  if (p.exact) {
+    // The radix passes of the CUDA kernel, in the same order: 11, 11 and 9 bits.
+    uint32_t prefix = 0;
+    uint64_t remaining = static_cast<uint64_t>(p.k);
+    std::vector<uint32_t> hist(2048);
+    for (int pass = 0; pass < math::kTopKPasses && remaining > 0; ++pass) {
+      const uint32_t mask = math::topk_pass_mask_above(pass);
+      std::fill(hist.begin(), hist.end(), 0u);
+      for (int64_t i = 0; i < n; ++i) {
+        if ((keys[i] & mask) == prefix) ++hist[math::topk_digit(keys[i], pass)];
+      }
+      uint64_t above = 0;
+      const uint32_t digit = math::topk_choose_digit(hist.data(), math::topk_pass_bins(pass), remaining, &above);
+      remaining -= above;
+      prefix |= digit << math::topk_pass_shift(pass);
+    }
+    threshold = prefix;
+    eq_limit = remaining;
+    if (p.k == 0) {
+      threshold = 0xFFFFFFFFu;  // selects nothing
+      eq_limit = 0;
+    }
+  } else if (n > 0) {
+    threshold = topk_sample_threshold(keys.data(), n, p.k);
+  }
+
+  const PayloadHeader h0 = math::make_topk_header(n, p.capacity, 0, p.dtype, p.value_dtype);
+  uint32_t* indices = reinterpret_cast<uint32_t*>(p.payload + math::kHeaderBytes);
+  uint8_t* values = p.payload + math::section1_offset(h0);
+  std::memset(indices, 0, h0.section0_bytes);
+  std::memset(values, 0, h0.section1_bytes);
+  uint64_t gt = 0, eq = 0, written = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t key = keys[i];
+    const bool selected = key > threshold || (key == threshold && eq < eq_limit);
+    const uint64_t pos = gt + std::min(eq, eq_limit);
+    if (key > threshold) ++gt;
+    if (key == threshold) ++eq;
+    float residual = acc[i];
+    if (selected && pos < p.capacity) {
+      const float v = math::topk_value_round(acc[i], p.value_dtype);
+      indices[pos] = static_cast<uint32_t>(i);
+      math::store_from_float(values, static_cast<int64_t>(pos), p.value_dtype, v);
+      residual = math::sub_rn(acc[i], v);
+      written = pos + 1;
+    }
+    if (p.residual_out != nullptr) {
+      if (!math::is_finite_bits(keys[i])) residual = load_residual(p.residual_in, i, p.residual_dtype);
+      math::store_from_float(p.residual_out, i, p.residual_dtype, residual);
+    }
+  }
+  write_header(p.payload, math::make_topk_header(n, p.capacity, written, p.dtype, p.value_dtype));
+  return written;
+}
+
+void topk_decode(const TopKDecodeParams& p) {
+  check_dtype(p.dtype, "top-k decode");
+  check_segments(p.segments, p.num_segments, p.begin, p.numel, "top-k decode");
+  GRADCOMP_CHECK(p.numel <= kTopKMaxNumel, "top-k decode: bucket of " << p.numel << " elements is too large");
+  validate_payloads(p.payloads, p.num_payloads, p.payload_bytes, math::kCodecTopK, p.numel,
+                    p.capacity, p.value_dtype, "top-k decode");
+  for (int w = 0; w < p.num_payloads; ++w) {
+    const PayloadHeader h = read_header(p.payloads[w]);
+    const uint32_t* idx = reinterpret_cast<const uint32_t*>(p.payloads[w] + math::kHeaderBytes);
+    for (uint64_t e = 0; e < h.count; ++e) {
+      GRADCOMP_CHECK(idx[e] < static_cast<uint64_t>(p.numel),
+                     "top-k decode: payload " << w << " entry " << e << " has index " << idx[e]
+                                              << " outside [0, " << p.numel << ")");
+      GRADCOMP_CHECK(e == 0 || idx[e] > idx[e - 1],
+                     "top-k decode: payload " << w << " entry " << e
+                                              << " breaks the strictly increasing index order");
+    }
+  }
+  std::vector<float> sum(static_cast<size_t>(p.numel), 0.0f);
+  for (int w = 0; w < p.num_payloads; ++w) {
+    const PayloadHeader h = read_header(p.payloads[w]);
+    const uint32_t* idx = reinterpret_cast<const uint32_t*>(p.payloads[w] + math::kHeaderBytes);
+    const uint8_t* values = p.payloads[w] + math::section1_offset(h);
+    for (uint64_t e = 0; e < h.count; ++e) {
+      sum[idx[e]] = math::add_rn(sum[idx[e]], math::load_as_float(values, static_cast<int64_t>(e), p.value_dtype));
+    }
+  }
+  bool nonfinite = false;
+  for (auto& v : sum) {
+    v = math::div_rn(v, p.divisor);
+    nonfinite |= !math::is_finite_bits(math::float_bits(v));
+  }
+  SegmentView(p.segments, p.num_segments, p.dtype).scatter(p.begin, p.numel, sum.data());
+  if (p.nonfinite != nullptr && nonfinite) *p.nonfinite = 1;
+}
+
+}  // namespace cpu
+}  // namespace gradcomp

@@ -1,0 +1,134 @@
+// Compressed allreduce over a small collective interface (all-to-all, allgather).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "gradcomp/types.h"
+
+namespace gradcomp {
+
+// The transport the compressed collectives are written against. Buffers are host memory or
+// device memory as device_memory() says; every rank calls each collective with equal sizes.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual bool device_memory() const = 0;
+  // recv[w] (bytes_per_rank bytes) receives send[rank()] of rank w.
+  virtual void all_to_all(const void* send, void* recv, size_t bytes_per_rank) = 0;
+  // recv[w] receives rank w's send.
+  virtual void all_gather(const void* send, void* recv, size_t bytes_per_rank) = 0;
+  // Bytes this rank has put on the wire (its own slot is not counted).
+  uint64_t bytes_sent() const { return bytes_sent_; }
+
+ protected:
+  uint64_t bytes_sent_ = 0;
+};
+
+// Where codec work runs: the CPU reference backend or the CUDA backend. Pointers handed to a
+// backend are host pointers for segment tables and payload pointer arrays; data pointers are
+// memory of the backend's kind.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual bool is_cuda() const = 0;
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void release(void* p) = 0;
+  virtual void fill_zero(void* p, size_t bytes) = 0;
+  virtual void copy_to_host(void* host, const void* src, size_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* host, size_t bytes) = 0;
+  virtual void q4_encode(const Q4EncodeParams& p) = 0;
+  virtual void q4_decode(const Q4DecodeParams& p) = 0;
+  virtual void topk_encode(const TopKEncodeParams& p) = 0;
+  virtual void topk_decode(const TopKDecodeParams& p) = 0;
+  // Bytes of top-k workspace needed for a bucket of numel elements.
+  virtual size_t topk_workspace_bytes(int64_t numel) const = 0;
+  // Reports and clears whether a decode since the last call produced non-finite values.
+  // Throws Error if a decode rejected a payload.
+  virtual bool take_decode_status() = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(int num_threads = 1);
+
+enum class Q4Algorithm : uint8_t { kTwoPhase = 0, kOnePhase = 1 };
+
+struct CompressionConfig {
+  Codec codec = Codec::kQ4;
+  Q4Options q4;
+  Q4Algorithm q4_algorithm = Q4Algorithm::kTwoPhase;
+  TopKOptions topk;
+  bool error_feedback = true;
+  DType residual_dtype = DType::kFloat32;
+  uint64_t seed = 0;
+  void validate() const;
+};
+
+// Bytes one rank sends for one allreduce of a bucket of `numel` elements at world size W.
+uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_t numel, int world);
+
+// Per-rank state that must survive a checkpoint for an exact resume.
+struct CompressionState {
+  uint64_t seed = 0;
+  uint32_t step = 0;
+  // Residual bytes per bucket identity: phase-1 (whole bucket) and phase-2 (own chunk).
+  std::map<uint64_t, std::vector<uint8_t>> residuals;
+  std::map<uint64_t, std::vector<uint8_t>> chunk_residuals;
+};
+
+// Averages a bucket over all ranks through a compressed collective, in place. Keeps each
+// bucket's error-feedback residuals keyed by a caller-chosen stable bucket identity.
+class CompressedAllreduce {
+ public:
+  CompressedAllreduce(Communicator& comm, Backend& backend, const CompressionConfig& config);
+  ~CompressedAllreduce();
+  CompressedAllreduce(const CompressedAllreduce&) = delete;
+  CompressedAllreduce& operator=(const CompressedAllreduce&) = delete;
+
+  // Averages the flattened segments (all of one dtype) over the ranks. Returns false when the
+  // result holds non-finite values; the residuals are then left as they were.
+  bool allreduce(const Segment* segments, int num_segments, DType dtype, uint64_t bucket_id);
+
+  uint32_t step() const { return step_; }
+  void set_step(uint32_t step) { step_ = step; }
+  void advance_step() { ++step_; }
+  const CompressionConfig& config() const { return config_; }
+
+  CompressionState state() const;
+  void load_state(const CompressionState& state);
+
+ private:
+  struct Bucket;
+  Bucket& bucket_for(const Segment* segments, int num_segments, DType dtype, uint64_t bucket_id);
+  void check_layout(const Bucket& b, uint64_t bucket_id);
+  bool run_q4_two_phase(Bucket& b, const Segment* segments, int num_segments, DType dtype);
+  bool run_q4_one_phase(Bucket& b, const Segment* segments, int num_segments, DType dtype);
+  bool run_topk(Bucket& b, const Segment* segments, int num_segments, DType dtype);
+  math::RngKey rng(const Bucket& b, uint32_t phase) const;
+
+  Communicator& comm_;
+  Backend& backend_;
+  CompressionConfig config_;
+  uint32_t step_ = 0;
+  std::map<uint64_t, std::unique_ptr<Bucket>> buckets_;
+  CompressionState pending_;  // loaded state for buckets not yet seen
+};
+
+// Runs W ranks in one process, each on its own thread; for testing the collective algorithms.
+class InProcessGroup {
+ public:
+  explicit InProcessGroup(int world_size, double timeout_seconds = 10.0);
+  ~InProcessGroup();
+  Communicator& communicator(int rank);
+  int world_size() const;
+  struct Shared;
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  std::vector<std::unique_ptr<Communicator>> comms_;
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,65 @@
+// Public vocabulary of gradcomp: dtypes, codec options, tensor segments, errors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "params.h"
+
+namespace gradcomp {
+
+enum class DType : uint8_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+inline size_t dtype_size(DType d) { return d == DType::kFloat32 ? 4 : 2; }
+const char* dtype_name(DType d);
+
+enum class Codec : uint8_t { kQ4 = 1, kTopK = 2 };
+enum class Rounding : uint8_t { kStochastic = 0, kNearest = 1 };
+
+// Every error gradcomp raises. The message says what was wrong and where (bucket, rank, tensor).
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+namespace detail {
+[[noreturn]] void throw_error(const char* file, int line, const std::string& message);
+}  // namespace detail
+
+// The core layer's one error-checking macro: GRADCOMP_CHECK(cond, "text " << value).
+#define GRADCOMP_CHECK(cond, msg)                                          \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      std::ostringstream gradcomp_check_os_;                               \
+      gradcomp_check_os_ << msg;                                           \
+      ::gradcomp::detail::throw_error(__FILE__, __LINE__, gradcomp_check_os_.str()); \
+    }                                                                      \
+  } while (0)
+
+struct Q4Options {
+  int block_size = 64;  // power of two in [16, 256]; docs/algorithms.md explains the default
+  Rounding rounding = Rounding::kStochastic;
+  void validate() const;
+};
+
+struct TopKOptions {
+  double ratio = 0.01;             // k = max(1, ceil(ratio * N))
+  bool exact = true;               // false: threshold from a sample, one compaction pass
+  DType value_dtype = DType::kFloat32;
+  double capacity_factor = 1.25;   // approximate mode: payload holds ceil(factor * k) entries
+  void validate() const;
+};
+
+// Largest bucket top-k accepts: indices are 32-bit within a bucket.
+constexpr int64_t kTopKMaxNumel = (int64_t{1} << 31) - 1;
+
+// k for a bucket of n elements.
+int64_t topk_k(int64_t numel, double ratio);
+// Entries an approximate-mode payload holds for a bucket of n elements.
+int64_t topk_capacity(int64_t numel, const TopKOptions& options);
+
+
+}  // namespace gradcomp

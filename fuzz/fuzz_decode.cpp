@@ -1,0 +1,65 @@
+// libFuzzer target: q4 and top-k decoders and header inspection on arbitrary bytes.
+#include <cstring>
+#include <vector>
+
+#include "gradcomp/cpu.h"
+#include "gradcomp/format.h"
+
+using namespace gradcomp;
+
+// Input: 4 control bytes (codec and top-k capacity; payload count and q4 block; size; output
+// dtype), then payload bytes
+// shared out between the payloads. Decoders must either throw gradcomp::Error or write within
+// their output; AddressSanitizer reports anything else.
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 4) return 0;
+  const bool q4 = (data[0] & 1) == 0;
+  const int payloads = 1 + data[1] % 3;
+  const int64_t numel = 1 + (data[2] % 64) * 7;
+  const uint8_t dtype = data[3] % 3;
+  data += 4;
+  size -= 4;
+  try {
+    (void)inspect_payload(data, size);
+  } catch (const Error&) {
+  }
+  const size_t each = size / payloads;
+  std::vector<std::vector<uint8_t>> copies;
+  std::vector<const uint8_t*> ptrs;
+  for (int w = 0; w < payloads; ++w) {
+    copies.emplace_back(data + w * each, data + (w + 1) * each);  // exact-size heap buffers
+    ptrs.push_back(copies.back().data());
+  }
+  std::vector<uint8_t> out(static_cast<size_t>(numel) * (dtype == 0 ? 4 : 2));
+  Segment seg{out.data(), 0, numel};
+  try {
+    if (q4) {
+      Q4DecodeParams d;
+      d.payloads = ptrs.data();
+      d.num_payloads = payloads;
+      d.payload_bytes = each;
+      d.numel = numel;
+      d.block_size = 16u << ((data[-3] >> 2) % 5);
+      d.segments = &seg;
+      d.num_segments = 1;
+      d.dtype = dtype;
+      d.divisor = static_cast<float>(payloads);
+      cpu::q4_decode(d);
+    } else {
+      TopKDecodeParams d;
+      d.payloads = ptrs.data();
+      d.num_payloads = payloads;
+      d.payload_bytes = each;
+      d.numel = numel;
+      d.capacity = static_cast<uint32_t>(1 + data[-4] % numel);
+      d.value_dtype = (data[-4] >> 1) % 3;
+      d.segments = &seg;
+      d.num_segments = 1;
+      d.dtype = dtype;
+      d.divisor = static_cast<float>(payloads);
+      cpu::topk_decode(d);
+    }
+  } catch (const Error&) {
+  }
+  return 0;
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs every test gradcomp has on this machine: core (GoogleTest), sanitizers, fuzzing, packaging.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+jobs="${GRADCOMP_JOBS:-$(nproc)}"
+fuzz_seconds="${GRADCOMP_FUZZ_SECONDS:-60}"
+cuda_archs="${CMAKE_CUDA_ARCHITECTURES:-90}"
+
+step() { printf '\n==== %s\n' "$*"; }
+
+"$root/scripts/setup.sh"
+
+step "core build (CUDA architectures: $cuda_archs when nvcc is present)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$cuda_archs" \
+  -DCMAKE_INSTALL_PREFIX="$root/build/install"
+cmake --build build -j "$jobs"
+
+step "core tests (GPU tests report as skipped without a device)"
+ctest --test-dir build --output-on-failure -j "$jobs"
+
+step "AddressSanitizer + UBSan build of the host code and tests"
+cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGRADCOMP_WITH_CUDA=OFF \
+  -DGRADCOMP_SANITIZE=ON -DGRADCOMP_BUILD_BENCHMARKS=OFF
+cmake --build build-sanitize -j "$jobs"
+ctest --test-dir build-sanitize --output-on-failure -j "$jobs"
+
+step "libFuzzer: payload decoders for ${fuzz_seconds}s"
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DGRADCOMP_WITH_CUDA=OFF -DGRADCOMP_BUILD_TESTS=OFF -DGRADCOMP_BUILD_BENCHMARKS=OFF -DGRADCOMP_BUILD_FUZZERS=ON
+cmake --build build-fuzz -j "$jobs"
+rm -rf build-fuzz/corpus && mkdir -p build-fuzz/corpus
+./build-fuzz/fuzz/gradcomp_fuzz_seeds build-fuzz/corpus
+./build-fuzz/fuzz/gradcomp_fuzz_decode -max_total_time="$fuzz_seconds" -print_final_stats=1 build-fuzz/corpus
+
+step "install + find_package(gradcomp) from a consumer project"
+cmake --install build
+cmake -S tests/consumer -B build-consumer -G Ninja -DCMAKE_PREFIX_PATH="$root/build/install"
+cmake --build build-consumer
+./build-consumer/gradcomp_consumer
+
+step "all tests passed"

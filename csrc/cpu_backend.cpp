@@ -14,6 +14,31 @@ namespace {
 
 using math::PayloadHeader;
 
+// Converts n elements starting at base[first] to fp32; the dtype branch stays out of the loop.
+void load_floats(const void* base, int64_t first, int64_t n, uint8_t dtype, float* out) {
+  if (dtype == math::kDtypeF32) {
+    std::memcpy(out, static_cast<const float*>(base) + first, static_cast<size_t>(n) * 4);
+  } else if (dtype == math::kDtypeF16) {
+    const uint16_t* in = static_cast<const uint16_t*>(base) + first;
+    for (int64_t i = 0; i < n; ++i) out[i] = math::half_to_float(in[i]);
+  } else {
+    const uint16_t* in = static_cast<const uint16_t*>(base) + first;
+    for (int64_t i = 0; i < n; ++i) out[i] = math::bf16_to_float(in[i]);
+  }
+}
+
+void store_floats(void* base, int64_t first, int64_t n, uint8_t dtype, const float* in) {
+  if (dtype == math::kDtypeF32) {
+    std::memcpy(static_cast<float*>(base) + first, in, static_cast<size_t>(n) * 4);
+  } else if (dtype == math::kDtypeF16) {
+    uint16_t* out = static_cast<uint16_t*>(base) + first;
+    for (int64_t i = 0; i < n; ++i) out[i] = math::float_to_half(in[i]);
+  } else {
+    uint16_t* out = static_cast<uint16_t*>(base) + first;
+    for (int64_t i = 0; i < n; ++i) out[i] = math::float_to_bf16(in[i]);
+  }
+}
+
 // Reads and writes elements of a flattened segment list in contiguous runs.
 class SegmentView {
  public:
@@ -23,14 +48,14 @@ class SegmentView {
   // Copies elements [first, first + n) of the flattened view into out as fp32.
   void gather(int64_t first, int64_t n, float* out) const {
     for_runs(first, n, [&](const Segment& s, int64_t local, int64_t done, int64_t len) {
-      for (int64_t i = 0; i < len; ++i) out[done + i] = math::load_as_float(s.data, local + i, dtype_);
+      load_floats(s.data, local, len, dtype_, out + done);
     });
   }
 
   // Writes fp32 values to elements [first, first + n), rounding to the view's dtype.
   void scatter(int64_t first, int64_t n, const float* in) const {
     for_runs(first, n, [&](const Segment& s, int64_t local, int64_t done, int64_t len) {
-      for (int64_t i = 0; i < len; ++i) math::store_from_float(s.data, local + i, dtype_, in[done + i]);
+      store_floats(s.data, local, len, dtype_, in + done);
     });
   }
 
@@ -152,27 +177,36 @@ void q4_encode(const Q4EncodeParams& p, int num_threads) {
 
 #pragma omp parallel for num_threads(num_threads > 0 ? num_threads : 1) schedule(static)
   for (int64_t b = 0; b < nblocks; ++b) {
-    float acc[256];
+    float acc[256], rin[256], dropped[256];
+    int32_t q[256];
     const int64_t start = b * B;
     const int n = static_cast<int>(std::min<int64_t>(B, p.numel - start));
+    if (n <= 0) continue;
     input.gather(p.begin + start, n, acc);
+    if (p.residual_in != nullptr) {
+      load_floats(p.residual_in, start, n, p.residual_dtype, rin);
+    } else {
+      std::fill(rin, rin + n, 0.0f);
+    }
     uint32_t absmax = 0;
     for (int i = 0; i < n; ++i) {
-      acc[i] = math::add_rn(acc[i], load_residual(p.residual_in, start + i, p.residual_dtype));
+      acc[i] = math::add_rn(acc[i], rin[i]);
       absmax = std::max(absmax, math::abs_bits(acc[i]));
     }
     const float step = math::q4_step_from_absmax_bits(absmax);
     std::memcpy(&scales[b], &step, 4);
-    const bool finite = math::is_finite_bits(absmax);
-    int q[256];
-    for (int i = 0; i < n; i += math::kRandomGroup) {
-      const uint64_t element = static_cast<uint64_t>(p.begin + start + i);
-      math::Philox4 r = {{0, 0, 0, 0}};
-      if (p.stochastic && step > 0.0f) r = math::q4_random_group(p.rng, element / math::kRandomGroup);
-      const int end = std::min(n, i + math::kRandomGroup);
-      for (int j = i; j < end; ++j) {
-        q[j] = math::q4_quantize(acc[j], step, math::random16(r, j - i), p.stochastic);
+    if (step > 0.0f && p.stochastic) {
+      uint32_t r16[256];
+      for (int i = 0; i < n; i += math::kRandomGroup) {
+        const math::Philox4 r =
+            math::q4_random_group(p.rng, static_cast<uint64_t>(p.begin + start + i) / math::kRandomGroup);
+        for (int j = 0; j < math::kRandomGroup; ++j) r16[i + j] = math::random16(r, j);
       }
+      for (int i = 0; i < n; ++i) q[i] = math::q4_quantize_positive_step(acc[i], step, r16[i], true);
+    } else if (step > 0.0f) {
+      for (int i = 0; i < n; ++i) q[i] = math::q4_quantize_positive_step(acc[i], step, 0, false);
+    } else {
+      std::fill(q, q + n, 0);
     }
     for (int i = 0; i < n; i += 2) {
       const uint32_t lo = static_cast<uint32_t>(q[i] + 8);
@@ -180,11 +214,12 @@ void q4_encode(const Q4EncodeParams& p, int num_threads) {
       codes[(start + i) / 2] = static_cast<uint8_t>(lo | (hi << 4));
     }
     if (p.residual_out != nullptr) {
-      for (int i = 0; i < n; ++i) {
-        // A non-finite block keeps its old residual so one bad step cannot poison later ones.
-        const float r = finite ? math::sub_rn(acc[i], math::q4_dequantize(q[i] + 8, step))
-                               : load_residual(p.residual_in, start + i, p.residual_dtype);
-        math::store_from_float(p.residual_out, start + i, p.residual_dtype, r);
+      // A non-finite block keeps its old residual so one bad step cannot poison later ones.
+      if (math::is_finite_bits(absmax)) {
+        for (int i = 0; i < n; ++i) dropped[i] = math::sub_rn(acc[i], math::mul_rn(static_cast<float>(q[i]), step));
+        store_floats(p.residual_out, start, n, p.residual_dtype, dropped);
+      } else {
+        store_floats(p.residual_out, start, n, p.residual_dtype, rin);
       }
     }
   }

@@ -221,21 +221,26 @@ GRADCOMP_HD float q4_step_from_absmax_bits(uint32_t absmax_bits) {
   return bits_float(d);
 }
 
-// Code in [-7, 7] for x in a block of step `step`. Stochastic rounding rounds up with
-// probability frac(x / step) (to 2^-16), so E[q * step] = x.
+// Code in [-7, 7] for x in a block of step `step` > 0 (callers give 0 for other blocks).
+// Stochastic rounding rounds up with probability frac(x / step) (to 2^-16), so E[q * step] = x.
+// Written without short-circuit operators so the CPU loop vectorizes; floor uses a truncating
+// conversion, exact for |t| <= 7.
+GRADCOMP_HD int q4_quantize_positive_step(float x, float step, uint32_t rand16, bool stochastic) {
+  const float t0 = div_rn(x, step);
+  const float t = t0 > 7.0f ? 7.0f : (t0 < -7.0f ? -7.0f : t0);
+  const float tr = (float)(int)t;
+  const float fl = tr > t ? sub_rn(tr, 1.0f) : tr;
+  const float frac = sub_rn(t, fl);
+  const int q = (int)fl;
+  const float bar = stochastic ? mul_rn((float)rand16, 1.0f / 65536.0f) : ((q & 1) ? 0x1.fffffep-2f : 0.5f);
+  const int up = (int)(bar < frac);
+  const int r = q + up;
+  return r > kQ4MaxCode ? kQ4MaxCode : r;
+}
+
 GRADCOMP_HD int q4_quantize(float x, float step, uint32_t rand16, bool stochastic) {
   if (!(step > 0.0f)) return 0;  // all-zero block, or non-finite block (step is NaN)
-  float t = div_rn(x, step);
-  t = t > 7.0f ? 7.0f : (t < -7.0f ? -7.0f : t);
-  float fl = floorf(t);
-  float frac = sub_rn(t, fl);
-  int q = (int)fl;
-  if (stochastic) {
-    if (mul_rn((float)rand16, 1.0f / 65536.0f) < frac) ++q;
-  } else if (frac > 0.5f || (frac == 0.5f && (q & 1))) {
-    ++q;
-  }
-  return q > kQ4MaxCode ? kQ4MaxCode : q;
+  return q4_quantize_positive_step(x, step, rand16, stochastic);
 }
 
 GRADCOMP_HD float q4_dequantize(uint32_t nibble, float step) {

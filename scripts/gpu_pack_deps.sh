@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Copies GoogleTest and Google Benchmark (headers, libraries, CMake configs) into .gpu-deps/, which
+# the device run carries: the GPU machine has no network and no GoogleTest package.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+dest="$root/.gpu-deps/usr"
+rm -rf "$root/.gpu-deps"
+mkdir -p "$dest/include" "$dest/lib/x86_64-linux-gnu/cmake"
+cp -r /usr/include/gtest /usr/include/gmock /usr/include/benchmark "$dest/include/"
+cp -a /usr/lib/x86_64-linux-gnu/libgtest*.a /usr/lib/x86_64-linux-gnu/libgmock*.a \
+  /usr/lib/x86_64-linux-gnu/libbenchmark* "$dest/lib/x86_64-linux-gnu/"
+cp -r /usr/lib/x86_64-linux-gnu/cmake/GTest /usr/lib/x86_64-linux-gnu/cmake/benchmark "$dest/lib/x86_64-linux-gnu/cmake/"
+du -sh "$root/.gpu-deps"

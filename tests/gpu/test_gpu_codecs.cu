@@ -1,0 +1,255 @@
+// GPU tests: CUDA payloads byte-identical to CPU payloads; fusion, decoding, hardening, NCCL.
+// Without a CUDA device every test here reports as skipped.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "gradcomp/cuda.h"
+#include "gradcomp/nccl.h"
+#include "test_util.h"
+
+namespace gradcomp {
+namespace {
+
+using testing::HostTensor;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device on this machine"
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) { GRADCOMP_CUDA_CHECK(cudaMalloc(&ptr_, bytes ? bytes : 16)); }
+  DeviceBuffer(const void* host, size_t bytes) : DeviceBuffer(bytes) {
+    GRADCOMP_CUDA_CHECK(cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice));
+  }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  uint8_t* get() const { return static_cast<uint8_t*>(ptr_); }
+  std::vector<uint8_t> host() const {
+    std::vector<uint8_t> v(bytes_);
+    GRADCOMP_CUDA_CHECK(cudaMemcpy(v.data(), ptr_, bytes_, cudaMemcpyDeviceToHost));
+    return v;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+};
+
+const DType kDtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+
+TEST(GpuQ4, PayloadsAndResidualsEqualTheCpuByteForByte) {
+  SKIP_WITHOUT_GPU();
+  auto backend = cuda::make_cuda_backend();
+  for (DType dtype : kDtypes) {
+    for (int64_t n : testing::edge_lengths()) {
+      for (bool stochastic : {true, false}) {
+        HostTensor x = HostTensor::from_floats(dtype, testing::normal_floats(n, static_cast<uint32_t>(n)));
+        std::vector<float> r = testing::normal_floats(n, 3, 0.1f);
+        if (n > 70) x.set(70, std::nanf(""));
+        auto ref = testing::q4_encode_tensor(x, 64, stochastic, {5, 6, 7, 8, 1}, r, true);
+        DeviceBuffer dx(x.bytes.data(), x.bytes.size()), dr(r.data(), r.size() * 4), dout(r.size() * 4 + 16),
+            dp(ref.payload.size());
+        Segment seg{dx.get(), 0, n};
+        Q4EncodeParams p;
+        p.segments = &seg;
+        p.num_segments = 1;
+        p.dtype = testing::code(dtype);
+        p.numel = n;
+        p.residual_in = dr.get();
+        p.residual_out = dout.get();
+        p.stochastic = stochastic;
+        p.rng = {5, 6, 7, 8, 1};
+        p.payload = dp.get();
+        backend->q4_encode(p);
+        ASSERT_EQ(dp.host(), ref.payload) << dtype_name(dtype) << " n=" << n;
+        auto res = dout.host();
+        ASSERT_EQ(std::memcmp(res.data(), ref.residual.data(), n * 4), 0) << dtype_name(dtype) << " n=" << n;
+
+        // Decode of two payloads summed and averaged equals the CPU's, in every output dtype.
+        HostTensor cpu_out = testing::q4_decode_payloads({&ref.payload, &ref.payload}, n, 64, dtype, 2.0f);
+        DeviceBuffer dy(x.bytes.size());
+        Segment oseg{dy.get(), 0, n};
+        const uint8_t* ptrs[2] = {dp.get(), dp.get()};
+        Q4DecodeParams d;
+        d.payloads = ptrs;
+        d.num_payloads = 2;
+        d.payload_bytes = ref.payload.size();
+        d.numel = n;
+        d.segments = &oseg;
+        d.num_segments = 1;
+        d.dtype = testing::code(dtype);
+        d.divisor = 2.0f;
+        backend->q4_decode(d);
+        EXPECT_EQ(backend->take_decode_status(), n > 70);
+        ASSERT_EQ(dy.host(), cpu_out.bytes) << dtype_name(dtype) << " n=" << n;
+      }
+    }
+  }
+}
+
+TEST(GpuQ4, FusedPackingEqualsUnfused) {
+  SKIP_WITHOUT_GPU();
+  auto backend = cuda::make_cuda_backend();
+  std::mt19937 gen(1);
+  std::vector<std::unique_ptr<DeviceBuffer>> tensors;
+  std::vector<Segment> segs;
+  std::vector<float> flat;
+  int64_t off = 0;
+  for (int t = 0; t < 100; ++t) {
+    const int64_t n = 1 + gen() % 5000;
+    auto v = testing::normal_floats(n, t);
+    tensors.push_back(std::make_unique<DeviceBuffer>(v.data(), n * 4));
+    segs.push_back(Segment{tensors.back()->get(), off, n});
+    flat.insert(flat.end(), v.begin(), v.end());
+    off += n;
+  }
+  DeviceBuffer dflat(flat.data(), flat.size() * 4);
+  Segment whole{dflat.get(), 0, off};
+  const size_t bytes = q4_payload_bytes(off, 64);
+  DeviceBuffer a(bytes), b(bytes);
+  Q4EncodeParams p;
+  p.segments = segs.data();
+  p.num_segments = 100;
+  p.numel = off;
+  p.rng = {1, 2, 3, 4, 0};
+  p.payload = a.get();
+  backend->q4_encode(p);
+  p.segments = &whole;
+  p.num_segments = 1;
+  p.payload = b.get();
+  backend->q4_encode(p);
+  EXPECT_EQ(a.host(), b.host());
+  HostTensor hx = HostTensor::from_floats(DType::kFloat32, flat);
+  EXPECT_EQ(a.host(), testing::q4_encode_tensor(hx, 64, true, {1, 2, 3, 4, 0}).payload);
+}
+
+TEST(GpuQ4, CorruptHeaderIsRejectedAndOutputUntouched) {
+  SKIP_WITHOUT_GPU();
+  auto backend = cuda::make_cuda_backend();
+  HostTensor x = HostTensor::from_floats(DType::kFloat32, testing::normal_floats(1000, 1));
+  auto enc = testing::q4_encode_tensor(x, 64, true, {1, 0, 0, 0, 0});
+  enc.payload[20] ^= 1;
+  DeviceBuffer dp(enc.payload.data(), enc.payload.size());
+  std::vector<float> sentinel(1000, 42.0f);
+  DeviceBuffer dy(sentinel.data(), 4000);
+  Segment seg{dy.get(), 0, 1000};
+  const uint8_t* ptr = dp.get();
+  Q4DecodeParams d;
+  d.payloads = &ptr;
+  d.num_payloads = 1;
+  d.payload_bytes = enc.payload.size();
+  d.numel = 1000;
+  d.segments = &seg;
+  d.num_segments = 1;
+  EXPECT_THROW(backend->q4_decode(d), Error);
+  auto out = dy.host();
+  EXPECT_EQ(std::memcmp(out.data(), sentinel.data(), 4000), 0);
+}
+
+TEST(GpuTopK, PayloadsAndResidualsEqualTheCpuByteForByte) {
+  SKIP_WITHOUT_GPU();
+  auto backend = cuda::make_cuda_backend();
+  for (DType dtype : kDtypes) {
+    for (int64_t n : testing::edge_lengths()) {
+      for (bool exact : {true, false}) {
+        for (DType vd : {DType::kFloat32, DType::kBFloat16}) {
+          HostTensor x = HostTensor::from_floats(dtype, testing::normal_floats(n, static_cast<uint32_t>(n) + 1));
+          std::vector<float> r = testing::normal_floats(n, 4, 0.1f);
+          TopKOptions o;
+          o.exact = exact;
+          const int64_t k = topk_k(n, o.ratio), cap = topk_capacity(n, o);
+          auto ref = testing::topk_encode_tensor(x, k, cap, exact, vd, r);
+          DeviceBuffer dx(x.bytes.data(), x.bytes.size()), dr(r.data(), n * 4), dout(n * 4 + 16),
+              dp(ref.payload.size()), ws(backend->topk_workspace_bytes(n));
+          Segment seg{dx.get(), 0, n};
+          TopKEncodeParams p;
+          p.segments = &seg;
+          p.num_segments = 1;
+          p.dtype = testing::code(dtype);
+          p.numel = n;
+          p.residual_in = dr.get();
+          p.residual_out = dout.get();
+          p.k = k;
+          p.capacity = static_cast<uint32_t>(cap);
+          p.exact = exact;
+          p.value_dtype = testing::code(vd);
+          p.payload = dp.get();
+          p.workspace = ws.get();
+          backend->topk_encode(p);
+          ASSERT_EQ(dp.host(), ref.payload) << dtype_name(dtype) << " n=" << n << " exact=" << exact;
+          auto res = dout.host();
+          ASSERT_EQ(std::memcmp(res.data(), ref.residual.data(), n * 4), 0);
+
+          HostTensor cpu_out(dtype, n);
+          Segment cseg = cpu_out.segment();
+          std::vector<const uint8_t*> cptrs = {ref.payload.data(), ref.payload.data(), ref.payload.data()};
+          cpu::topk_decode(testing::topk_decode_params(cptrs, ref.payload.size(), n, cap, vd, &cseg, dtype, 3.0f));
+          DeviceBuffer dy(x.bytes.size());
+          Segment oseg{dy.get(), 0, n};
+          std::vector<const uint8_t*> gptrs = {dp.get(), dp.get(), dp.get()};
+          TopKDecodeParams d = testing::topk_decode_params(gptrs, ref.payload.size(), n, cap, vd, &oseg, dtype, 3.0f);
+          d.workspace = ws.get();
+          backend->topk_decode(d);
+          ASSERT_EQ(dy.host(), cpu_out.bytes);
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuTopK, OutOfRangeIndexIsRejectedOnTheDevice) {
+  SKIP_WITHOUT_GPU();
+  auto backend = cuda::make_cuda_backend();
+  HostTensor x = HostTensor::from_floats(DType::kFloat32, testing::normal_floats(2000, 1));
+  auto enc = testing::topk_encode_tensor(x, 20, 20, true, DType::kFloat32);
+  reinterpret_cast<uint32_t*>(enc.payload.data() + kPayloadHeaderBytes)[3] = 1u << 30;
+  DeviceBuffer dp(enc.payload.data(), enc.payload.size()), ws(backend->topk_workspace_bytes(2000));
+  std::vector<float> sentinel(2000, 42.0f);
+  DeviceBuffer dy(sentinel.data(), 8000);
+  Segment seg{dy.get(), 0, 2000};
+  std::vector<const uint8_t*> ptrs = {dp.get()};
+  TopKDecodeParams d = testing::topk_decode_params(ptrs, enc.payload.size(), 2000, 20, DType::kFloat32, &seg,
+                                                   DType::kFloat32);
+  d.workspace = ws.get();
+  EXPECT_THROW(backend->topk_decode(d), Error);
+  auto out = dy.host();
+  EXPECT_EQ(std::memcmp(out.data(), sentinel.data(), 8000), 0);
+}
+
+TEST(GpuCollectives, NcclEngineMatchesTheCpuEngine) {
+  SKIP_WITHOUT_GPU();
+  ncclComm_t comm;
+  int dev = 0;
+  GRADCOMP_NCCL_CHECK(ncclCommInitAll(&comm, 1, &dev));
+  cudaStream_t stream;
+  GRADCOMP_CUDA_CHECK(cudaStreamCreate(&stream));
+  for (Codec codec : {Codec::kQ4, Codec::kTopK}) {
+    CompressionConfig c;
+    c.codec = codec;
+    c.seed = 9;
+    NcclCommunicator nccl(comm, stream);
+    cuda::CudaBackendOptions o;
+    o.stream = stream;
+    auto gpu = cuda::make_cuda_backend(o);
+    CompressedAllreduce gpu_engine(nccl, *gpu, c);
+    InProcessGroup group(1);
+    auto cpu_backend = make_cpu_backend();
+    CompressedAllreduce cpu_engine(group.communicator(0), *cpu_backend, c);
+    for (int step = 0; step < 3; ++step) {
+      HostTensor x = HostTensor::from_floats(DType::kBFloat16, testing::normal_floats(10007, step));
+      DeviceBuffer dx(x.bytes.data(), x.bytes.size());
+      Segment gseg{dx.get(), 0, x.numel}, cseg = x.segment();
+      EXPECT_TRUE(gpu_engine.allreduce(&gseg, 1, DType::kBFloat16, 1));
+      EXPECT_TRUE(cpu_engine.allreduce(&cseg, 1, DType::kBFloat16, 1));
+      gpu_engine.advance_step();
+      cpu_engine.advance_step();
+      ASSERT_EQ(dx.host(), x.bytes) << "step " << step;
+    }
+  }
+  ncclCommDestroy(comm);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace gradcomp

@@ -1,0 +1,134 @@
+"""An independent pure-PyTorch implementation of gradcomp's q4 two-phase and top-k algorithms.
+
+Written from docs/algorithms.md and docs/format.md, sharing no code with the library, so that the
+hook's results can be checked bit for bit.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+MASK = 0xFFFFFFFF
+
+
+def philox(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 on int64 tensors holding 32-bit values."""
+    c = [c0, c1, c2, c3]
+    for _ in range(10):
+        p0 = c[0] * 0xD2511F53
+        p1 = c[2] * 0xCD9E8D57
+        hi0, lo0 = (p0 >> 32) & MASK, p0 & MASK
+        hi1, lo1 = (p1 >> 32) & MASK, p1 & MASK
+        c = [hi1 ^ c[1] ^ k0, lo1, hi0 ^ c[3] ^ k1, lo0]
+        k0 = (k0 + 0x9E3779B9) & MASK
+        k1 = (k1 + 0xBB67AE85) & MASK
+    return c
+
+
+def random16(elements: torch.Tensor, seed: int, step: int, bucket: int, rank: int, phase: int) -> torch.Tensor:
+    group = elements // 8
+    lane = elements % 8
+    k0 = (seed & MASK) ^ ((rank * 0x9E3779B9) & MASK)
+    k1 = ((seed >> 32) & MASK) ^ ((phase * 0xBB67AE85) & MASK)
+    zeros = torch.zeros_like(group)
+    words = philox(group & MASK, (group >> 32) & MASK, zeros + (step & MASK), zeros + (bucket & MASK), k0, k1)
+    w = torch.stack(words)[lane // 2, torch.arange(len(lane))]
+    return torch.where(lane % 2 == 1, w >> 16, w & 0xFFFF)
+
+
+def abs_bits(x: torch.Tensor) -> torch.Tensor:
+    return x.view(torch.int32).to(torch.int64) & 0x7FFFFFFF
+
+
+def q4_encode(acc: torch.Tensor, residual: torch.Tensor, first: int, block: int, stochastic: bool,
+              seed: int, step: int, bucket: int, rank: int, phase: int):
+    """Returns (steps per block, codes per element, new residual) for fp32 acc = input + residual."""
+    n = acc.numel()
+    nb = -(-n // block)
+    pad = torch.zeros(nb * block - n, dtype=torch.float32)
+    bits = abs_bits(torch.cat([acc, pad])).view(nb, block)
+    absmax = bits.max(dim=1).values if n > 0 else torch.zeros(0, dtype=torch.int64)
+    s = absmax.to(torch.int32).view(torch.float32)
+    d0 = (s / 7.0).view(torch.int32).to(torch.int64)
+    d = torch.where(d0 == 0, torch.full_like(d0, 8), (d0 + 7) & ~7)
+    d = torch.where(absmax == 0, torch.zeros_like(d), d)
+    step_val = d.to(torch.int32).view(torch.float32)
+    step_val = torch.where(absmax >= 0x7F800000, torch.full_like(step_val, float("nan")), step_val)
+    per_elem = step_val.repeat_interleave(block)[:n]
+    positive = per_elem > 0
+    safe = torch.where(positive, per_elem, torch.ones_like(per_elem))
+    t = (acc / safe).clamp(-7.0, 7.0)
+    tr = t.trunc()
+    fl = torch.where(tr > t, tr - 1.0, tr)
+    frac = t - fl
+    q = fl.to(torch.int64)
+    if stochastic:
+        r16 = random16(torch.arange(first, first + n, dtype=torch.int64), seed, step, bucket, rank, phase)
+        bar = r16.to(torch.float32) * (1.0 / 65536.0)
+    else:
+        bar = torch.where(q % 2 != 0, torch.full_like(frac, 0.49999997), torch.full_like(frac, 0.5))
+    q = torch.clamp(q + (bar < frac).to(torch.int64), max=7)
+    q = torch.where(positive, q, torch.zeros_like(q))
+    decoded = q.to(torch.float32) * per_elem
+    finite_block = (absmax < 0x7F800000).repeat_interleave(block)[:n]
+    new_residual = torch.where(finite_block, acc - decoded, residual)
+    return decoded, new_residual
+
+
+class Q4TwoPhase:
+    """Keeps every rank's residuals; step() returns the averaged bucket all ranks end with."""
+
+    def __init__(self, world: int, n: int, block: int = 64, stochastic: bool = True, seed: int = 0):
+        self.world, self.n, self.block, self.stochastic, self.seed = world, n, block, stochastic, seed
+        self.chunk = max(block, -(-(-(-n // world)) // block) * block)
+        self.res1 = [torch.zeros(n) for _ in range(world)]
+        self.res2 = [torch.zeros(self.chunk) for _ in range(world)]
+
+    def _range(self, c):
+        lo = min(self.n, c * self.chunk)
+        return lo, min(self.n, (c + 1) * self.chunk)
+
+    def step(self, grads, step: int, bucket: int) -> torch.Tensor:
+        decoded = [[None] * self.world for _ in range(self.world)]
+        for w in range(self.world):
+            new_res = self.res1[w].clone()
+            for c in range(self.world):
+                lo, hi = self._range(c)
+                acc = grads[w][lo:hi] + self.res1[w][lo:hi]
+                dec, r = q4_encode(acc, self.res1[w][lo:hi], c * self.chunk, self.block, self.stochastic,
+                                   self.seed, step, bucket, w, 0)
+                decoded[w][c] = dec
+                new_res[lo:hi] = r
+            self.res1[w] = new_res
+        out = torch.zeros(self.n)
+        for c in range(self.world):
+            lo, hi = self._range(c)
+            total = torch.zeros(hi - lo)
+            for w in range(self.world):
+                total = total + decoded[w][c]
+            acc = total + self.res2[c][: hi - lo]
+            dec, r = q4_encode(acc, self.res2[c][: hi - lo], c * self.chunk, self.block, self.stochastic,
+                               self.seed, step, bucket, c, 1)
+            self.res2[c][: hi - lo] = r
+            out[lo:hi] = dec / float(self.world)
+        return out
+
+
+class TopKExact:
+    def __init__(self, world: int, n: int, ratio: float):
+        self.world, self.n = world, n
+        self.k = min(n, max(1, math.ceil(ratio * n)))
+        self.res = [torch.zeros(n) for _ in range(world)]
+
+    def step(self, grads) -> torch.Tensor:
+        sums = torch.zeros(self.n)
+        for w in range(self.world):
+            acc = grads[w] + self.res[w]
+            order = torch.sort(abs_bits(acc), descending=True, stable=True).indices[: self.k]
+            idx = torch.sort(order).values
+            sums[idx] = sums[idx] + acc[idx]
+            res = acc.clone()
+            res[idx] = acc[idx] - acc[idx]
+            self.res[w] = res
+        return sums / float(self.world)

@@ -1,0 +1,93 @@
+"""Multi-process tests of the DDP hook over real Gloo process groups (CPU)."""
+import pytest
+import torch
+
+import gradcomp
+import gradcomp.torch as gt
+from launcher import launch
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("codec", ["q4", "q4_nearest", "topk"])
+def test_hook_equals_pure_pytorch_reference(world, codec):
+    results = launch("workers", "reference_equality", world, codec, 3001)
+    sent, uncompressed = results[0]
+    if world > 1:
+        assert 0 < sent < uncompressed / 4
+
+
+def test_no_compression_equals_ddp_bit_for_bit():
+    buckets = launch("workers", "no_compression_matches_ddp", 2)
+    assert buckets[0] >= 20
+
+
+@pytest.mark.parametrize("codec,dtype", [("q4", "float32"), ("topk", "float32"), ("q4", "bfloat16")])
+def test_register_and_standard_route_agree(codec, dtype):
+    stats = launch("workers", "routes_agree", 2, codec, dtype)
+    # Against a ring allreduce of the bucket dtype: about 32 / 4.5 for fp32 and 16 / 4.5 for bf16.
+    assert stats[0]["ratio"] > (6 if dtype == "float32" else 3)
+
+
+@pytest.mark.parametrize("codec", ["q4", "topk"])
+def test_checkpoint_resume_is_bit_identical(codec):
+    assert all(launch("workers", "checkpoint_resume", 2, codec))
+
+
+@pytest.mark.parametrize("codec", ["q4", "topk"])
+def test_nan_on_one_rank_reaches_all_and_keeps_residuals(codec):
+    assert all(launch("workers", "nan_propagates", 2, codec))
+
+
+def test_layout_mismatch_names_the_ranks_quickly():
+    elapsed = launch("workers", "layout_mismatch", 3)
+    assert max(elapsed) < 10
+
+
+def test_no_sync_accumulation():
+    launch("workers", "no_sync_accumulates", 2)
+
+
+def test_codec_specs_validate_their_options():
+    with pytest.raises(ValueError, match="block_size"):
+        gradcomp.Q4(block_size=100)
+    with pytest.raises(ValueError, match="rounding"):
+        gradcomp.Q4(rounding="up")
+    with pytest.raises(ValueError, match="ratio"):
+        gradcomp.TopK(ratio=0)
+    with pytest.raises(ValueError, match="value_dtype"):
+        gradcomp.TopK(value_dtype=torch.int8)
+    with pytest.raises(ValueError, match="seed"):
+        gradcomp.Q4(seed=-1)
+    with pytest.raises(TypeError):
+        gt.register(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_standalone_compress_roundtrip(dtype):
+    x = torch.randn(10007).to(dtype)
+    payload = gradcomp.compress(x, gradcomp.Q4(rounding="nearest"))
+    assert payload.dtype == torch.uint8 and payload.numel() < x.numel() * x.element_size() / 3
+    y = gradcomp.decompress(payload)
+    assert y.dtype == dtype and y.shape == (10007,)
+    padded = torch.nn.functional.pad(x.float().abs(), (0, 10048 - 10007))
+    step = (padded.reshape(-1, 64).amax(dim=1) / 7).repeat_interleave(64)[:10007]
+    tolerance = 0.0 if dtype == torch.float32 else 2.0 ** -7  # rounding of the 16-bit output
+    assert ((y.float() - x.float()).abs() <= step * 0.5 * (1 + 1e-5) + x.float().abs() * tolerance).all()
+    t = gradcomp.decompress(gradcomp.compress(x, gradcomp.TopK(ratio=0.1)))
+    assert int(t.count_nonzero()) == 1001
+    kept = t != 0
+    assert torch.equal(t[kept], x[kept])
+
+
+def test_decompress_rejects_corrupt_payloads():
+    payload = gradcomp.compress(torch.randn(1000), gradcomp.TopK(ratio=0.05))
+    bad = payload.clone()
+    bad[20] ^= 1
+    with pytest.raises(RuntimeError, match="checksum"):
+        gradcomp.decompress(bad)
+    with pytest.raises(RuntimeError, match="shorter"):
+        gradcomp.decompress(payload[:30])
+    idx = payload[64:64 + 4 * 50].view(torch.int32)
+    idx[3] = 5000
+    with pytest.raises(RuntimeError, match="outside"):
+        gradcomp.decompress(payload)

@@ -1,0 +1,217 @@
+"""Per-rank bodies of the multi-process tests (run under a Gloo process group by launcher.py)."""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import gradcomp
+import gradcomp.torch as gt
+from gradcomp import _C
+
+import reference
+
+MASK = 0xFFFFFFFF
+
+
+def _codec(name: str):
+    return {"q4": gradcomp.Q4(seed=5), "q4_nearest": gradcomp.Q4(rounding="nearest", seed=5),
+            "topk": gradcomp.TopK(ratio=0.01), "none": gradcomp.NoCompression(),
+            "topk_no_ef": gradcomp.TopK(ratio=0.01, error_feedback=False)}[name]
+
+
+def _grad(rank: int, step: int, n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(n, generator=g) * (1.0 + rank)
+
+
+def reference_equality(rank, world, codec_name, n):
+    """The hook's averaged bucket equals the pure-PyTorch reference bit for bit, over 3 steps."""
+    codec = _codec(codec_name)
+    core = _C.HookCore(dist.group.WORLD, codec._options())
+    shapes = [[n]]
+    bucket_id = _C.bucket_identity(0, torch.zeros(n), shapes) & MASK
+    ref = (reference.Q4TwoPhase(world, n, seed=5, stochastic=codec_name == "q4") if codec_name.startswith("q4")
+           else reference.TopKExact(world, n, 0.01))
+    for step in range(3):
+        grads = [_grad(r, step, n) for r in range(world)]
+        expect = ref.step(grads, step, bucket_id) if codec_name.startswith("q4") else ref.step(grads)
+        bucket = grads[rank].clone()
+        core.reduce_bucket(bucket, 0, shapes)
+        if not torch.equal(bucket.view(torch.int32), expect.view(torch.int32)):
+            diff = (bucket - expect).abs()
+            raise AssertionError(f"step {step}: {int((diff > 0).sum())} elements differ, max {diff.max().item()}")
+    stats = core.total_stats()
+    return stats["bytes_sent"], stats["uncompressed_bytes"]
+
+
+class MLP(nn.Module):
+    def __init__(self, dims=(64, 128, 64, 10), bias=True):
+        super().__init__()
+        layers = []
+        for a, b in zip(dims[:-1], dims[1:]):
+            layers += [nn.Linear(a, b, bias=bias), nn.ReLU()]
+        self.net = nn.Sequential(*layers[:-1])
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def _train(rank, world, route: str, codec_name: str | None, steps: int, dtype=torch.float32,
+           state=None, start_step: int = 0, no_sync_every: int = 0, bias: bool = True):
+    """Trains a small MLP on per-rank random data; returns (model, optimizer, hook)."""
+    torch.manual_seed(0)
+    model = MLP(bias=bias).to(dtype)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    hook = None
+    if route == "register":
+        hook = gt.register(ddp, _codec(codec_name))
+    elif route == "standard":
+        hook = gt.HookState(_codec(codec_name))
+        ddp.register_comm_hook(hook, gt.comm_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    if state is not None:
+        ddp.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        if hook is not None:
+            hook.load_state_dict(state["hook"])
+    for step in range(start_step, start_step + steps):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x = torch.randn(32, 64, generator=g).to(dtype)
+        y = torch.randint(0, 10, (32,), generator=g)
+        if no_sync_every and step % no_sync_every != 0:
+            with ddp.no_sync():
+                nn.functional.cross_entropy(ddp(x).float(), y).backward()
+            continue
+        opt.zero_grad(set_to_none=False) if not no_sync_every else None
+        nn.functional.cross_entropy(ddp(x).float(), y).backward()
+        opt.step()
+        if no_sync_every:
+            opt.zero_grad()
+    return ddp, opt, hook
+
+
+def _flat(ddp) -> torch.Tensor:
+    return torch.cat([p.detach().float().reshape(-1) for p in ddp.module.parameters()])
+
+
+def no_compression_matches_ddp(rank, world):
+    plain, _, _ = _train(rank, world, "none", None, 20)
+    hooked, _, hook = _train(rank, world, "register", "none", 20)
+    standard, _, _ = _train(rank, world, "standard", "none", 20)
+    a, b, c = _flat(plain), _flat(hooked), _flat(standard)
+    assert torch.equal(a, b), f"register(NoCompression) differs from DDP: max {(a - b).abs().max().item()}"
+    assert torch.equal(a, c), f"standard route differs from DDP: max {(a - c).abs().max().item()}"
+    return hook.stats()["total"]["buckets"]
+
+
+def routes_agree(rank, world, codec_name, dtype_name):
+    dtype = getattr(torch, dtype_name)
+    a, _, ha = _train(rank, world, "register", codec_name, 6, dtype)
+    b, _, hb = _train(rank, world, "standard", codec_name, 6, dtype)
+    fa, fb = _flat(a), _flat(b)
+    assert torch.isfinite(fa).all()
+    assert torch.equal(fa, fb), f"routes differ: max {(fa - fb).abs().max().item()}"
+    sa, sb = ha.stats()["total"], hb.stats()["total"]
+    assert sa["bytes_sent"] == sb["bytes_sent"] > 0
+    return sa
+
+
+def checkpoint_resume(rank, world, codec_name):
+    # The hook's own state round trip, on fixed buckets: 3 steps, save, a new hook loads the
+    # state, 3 more steps; equal to 6 uninterrupted steps bit for bit.
+    shapes = [[3001]]
+
+    def run(core, steps):
+        out = []
+        for step in steps:
+            bucket = _grad(rank, step, 3001)
+            core.reduce_bucket(bucket, 0, shapes)
+            out.append(bucket)
+        return out
+
+    options = _codec(codec_name)._options()
+    full = run(_C.HookCore(dist.group.WORLD, options), range(6))
+    first = _C.HookCore(dist.group.WORLD, options)
+    run(first, range(3))
+    saved = first.state_dict()
+    second = _C.HookCore(dist.group.WORLD, options)
+    second.load_state_dict(saved)
+    resumed = run(second, range(3, 6))
+    for a, b in zip(full[3:], resumed):
+        assert torch.equal(a, b), f"resumed hook differs: max {(a - b).abs().max().item()}"
+
+    # Through DDP and gt.register. DDP builds its first-iteration bucket in parameter order and
+    # rebuilds it in gradient-ready order; with one parameter tensor the two agree, so the
+    # restarted model sees the saved bucket layout (docs/api.md, "Checkpoints").
+    dims = (64, 10)
+    def train(steps, start=0, state=None):
+        torch.manual_seed(0)
+        ddp = nn.parallel.DistributedDataParallel(MLP(dims, bias=False))
+        hook = gt.register(ddp, _codec(codec_name))
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        if state is not None:
+            ddp.module.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            hook.load_state_dict(state["hook"])
+        for step in range(start, start + steps):
+            g = torch.Generator().manual_seed(100 * step + rank)
+            x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        return ddp, opt, hook
+
+    uninterrupted, _, _ = train(8)
+    ddp, opt, hook = train(4)
+    state = {"model": {k: v.clone() for k, v in ddp.module.state_dict().items()}, "opt": opt.state_dict(),
+             "hook": hook.state_dict()}
+    assert state["hook"]["step"] == 3 and len(state["hook"]["residuals"]) == 1
+    restarted, _, _ = train(4, 4, state)
+    a, b = _flat(uninterrupted), _flat(restarted)
+    assert torch.equal(a, b), f"restarted DDP run differs: max {(a - b).abs().max().item()}"
+    return True
+
+
+def nan_propagates(rank, world, codec_name):
+    n = 4096
+    core = _C.HookCore(dist.group.WORLD, _codec(codec_name)._options())
+    bucket = _grad(rank, 0, n)
+    core.reduce_bucket(bucket, 0, [[n]])
+    before = core.state_dict()
+    bucket = _grad(rank, 1, n)
+    if rank == world - 1:
+        bucket[1234] = float("nan")
+    core.reduce_bucket(bucket, 0, [[n]])
+    assert not torch.isfinite(bucket).all(), "NaN did not reach this rank"
+    after = core.state_dict()
+    for key in ("residuals", "chunk_residuals"):
+        assert before[key].keys() == after[key].keys()
+        for k in before[key]:
+            assert torch.equal(before[key][k], after[key][k]), f"{key} changed on a non-finite step"
+    assert core.last_step_stats()["nonfinite_buckets"] == 1
+    return True
+
+
+def layout_mismatch(rank, world):
+    n = 1000 if rank != 1 else 1064
+    core = _C.HookCore(dist.group.WORLD, gradcomp.Q4()._options())
+    start = time.monotonic()
+    try:
+        core.reduce_bucket(torch.randn(n), 0, [[1000]])
+    except RuntimeError as e:
+        elapsed = time.monotonic() - start
+        assert "layout mismatch" in str(e) and "rank 1" in str(e), str(e)
+        assert elapsed < 10, elapsed
+        return elapsed
+    raise AssertionError("no error for mismatched layouts")
+
+
+def no_sync_accumulates(rank, world):
+    ddp, _, hook = _train(rank, world, "register", "q4", 6, no_sync_every=3)
+    sd = hook.state_dict()
+    assert sd["step"] == 1, sd["step"]  # two synchronised steps: 0 and 3
+    assert torch.isfinite(_flat(ddp)).all()
+    return hook.stats()["total"]["buckets"]

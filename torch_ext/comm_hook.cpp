@@ -1,0 +1,257 @@
+// DDP communication hook over a c10d ProcessGroup: CPU buckets on a worker thread, CUDA buckets
+// on the current stream; the core's CompressedAllreduce does the work.
+#include "comm_hook.h"
+
+#include <ATen/record_function.h>
+
+#include <chrono>
+
+#include "tensor_params.h"
+
+namespace gradcomp {
+namespace torch_ext {
+
+// The core's collective interface over a c10d ProcessGroup (Gloo or NCCL).
+class ProcessGroupCommunicator final : public Communicator {
+ public:
+  ProcessGroupCommunicator(c10::intrusive_ptr<c10d::ProcessGroup> group, at::Device device)
+      : group_(std::move(group)), device_(device) {}
+  int rank() const override { return group_->getRank(); }
+  int world_size() const override { return group_->getSize(); }
+  bool device_memory() const override { return device_.is_cuda(); }
+
+  void all_to_all(const void* send, void* recv, size_t bytes) override {
+    RECORD_FUNCTION("gradcomp::all_to_all", std::vector<c10::IValue>());
+    const auto t0 = std::chrono::steady_clock::now();
+    at::Tensor in = wrap(const_cast<void*>(send), bytes * world_size());
+    at::Tensor out = wrap(recv, bytes * world_size());
+    std::vector<int64_t> splits;
+    group_->all_to_all_single(out, in, splits, splits)->wait();
+    bytes_sent_ += bytes * static_cast<uint64_t>(world_size() - 1);
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  void all_gather(const void* send, void* recv, size_t bytes) override {
+    RECORD_FUNCTION("gradcomp::all_gather", std::vector<c10::IValue>());
+    const auto t0 = std::chrono::steady_clock::now();
+    at::Tensor in = wrap(const_cast<void*>(send), bytes);
+    at::Tensor out = wrap(recv, bytes * world_size());
+    group_->all_gather_single(out, in)->wait();
+    bytes_sent_ += bytes * static_cast<uint64_t>(world_size() - 1);
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  // Plain allreduce of the bucket (the NoCompression path), counted like the ring it runs.
+  void allreduce_sum(at::Tensor& bucket) {
+    RECORD_FUNCTION("gradcomp::allreduce", std::vector<c10::IValue>());
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<at::Tensor> tensors = {bucket};
+    group_->allreduce(tensors)->wait();
+    const int w = world_size();
+    bytes_sent_ += static_cast<uint64_t>(2.0 * (w - 1) / w * bucket.numel() * bucket.element_size());
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  double seconds() const { return seconds_; }
+
+ private:
+  at::Tensor wrap(void* p, size_t bytes) {
+    return at::from_blob(p, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device_));
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  at::Device device_;
+  double seconds_ = 0;
+};
+
+uint64_t bucket_identity(int64_t index, int64_t numel, at::ScalarType dtype,
+                         const std::vector<std::vector<int64_t>>& param_shapes) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xFF;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(static_cast<uint64_t>(index));
+  mix(static_cast<uint64_t>(numel));
+  mix(static_cast<uint64_t>(dtype));
+  for (const auto& shape : param_shapes) {
+    mix(shape.size());
+    for (int64_t d : shape) mix(static_cast<uint64_t>(d));
+  }
+  return h;
+}
+
+HookCore::HookCore(c10::intrusive_ptr<c10d::ProcessGroup> group, HookOptions options)
+    : group_(std::move(group)), options_(std::move(options)) {
+  GRADCOMP_TORCH_CHECK(group_, "the DDP model has no process group");
+  call_core([&] { options_.config.validate(); });
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+HookCore::~HookCore() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  worker_.join();
+}
+
+int HookCore::world_size() const { return group_->getSize(); }
+
+CompressedAllreduce& HookCore::engine_for(const at::Tensor& bucket) {
+  const at::Device device = bucket.device();
+  if (!comm_) {
+    comm_ = std::make_unique<ProcessGroupCommunicator>(group_, device);
+  }
+  if (!engine_ && options_.compress) {
+    engine_ = call_core(
+        [&] { return std::make_unique<CompressedAllreduce>(*comm_, backend_for(bucket), options_.config); });
+    if (pending_state_) {
+      call_core([&] { engine_->load_state(*pending_state_); });
+      pending_state_.reset();
+    }
+  }
+  return *engine_;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> HookCore::submit(at::Tensor bucket, int64_t index, uint64_t identity) {
+  check_gradient_tensor(bucket, "DDP bucket");
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
+  if (bucket.device().is_cuda()) {
+    // CUDA: the kernels and collectives are ordered on the current stream; the future is
+    // complete when this returns.
+    try {
+      reduce(bucket, index, identity);
+      future->markCompleted(c10::IValue(bucket));
+    } catch (...) {
+      future->setError(std::current_exception());
+    }
+    return future;
+  }
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    queue_.push_back(Job{bucket, index, identity, future});
+  }
+  queue_cv_.notify_one();
+  return future;
+}
+
+void HookCore::worker_loop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    try {
+      reduce(job.bucket, job.index, job.identity);
+      job.future->markCompleted(c10::IValue(job.bucket));
+    } catch (...) {
+      job.future->setError(std::current_exception());
+    }
+  }
+}
+
+void HookCore::reduce(at::Tensor bucket, int64_t index, uint64_t identity) {
+  RECORD_FUNCTION("gradcomp::hook_bucket", std::vector<c10::IValue>({bucket}));
+  check_gradient_tensor(bucket, "DDP bucket");
+  std::lock_guard<std::mutex> lock(state_mu_);
+  CompressedAllreduce* engine = options_.compress ? &engine_for(bucket) : nullptr;
+  if (!comm_) comm_ = std::make_unique<ProcessGroupCommunicator>(group_, bucket.device());
+  // Bucket 0 arriving again starts a new step (DDP launches buckets in index order).
+  if (index == 0 && started_) {
+    if (engine != nullptr) engine->advance_step();
+    last_step_ = step_stats_;
+    step_stats_ = HookStats{};
+  }
+  started_ = true;
+  const uint64_t sent0 = comm_->bytes_sent();
+  const double comm0 = comm_->seconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  bool finite = true;
+  const int w = group_->getSize();
+  if (engine != nullptr) {
+    const DType dtype = to_dtype(bucket.scalar_type(), "DDP bucket");
+    Segment seg = whole_segment(bucket);
+    finite = call_core([&] { return engine->allreduce(&seg, 1, dtype, identity); });
+  } else {
+    // DDP without a hook multiplies each gradient by 1/W before a SUM allreduce; doing the same
+    // keeps NoCompression bit-identical to it.
+    bucket.mul_(1.0 / static_cast<double>(w));
+    comm_->allreduce_sum(bucket);
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  HookStats delta;
+  delta.buckets = 1;
+  delta.bytes_sent = comm_->bytes_sent() - sent0;
+  delta.uncompressed_bytes = static_cast<uint64_t>(2.0 * (w - 1) / w * bucket.numel() * bucket.element_size());
+  delta.comm_seconds = comm_->seconds() - comm0;
+  delta.codec_seconds = total - delta.comm_seconds;
+  delta.nonfinite_buckets = finite ? 0 : 1;
+  for (HookStats* s : {&step_stats_, &total_}) {
+    s->buckets += delta.buckets;
+    s->bytes_sent += delta.bytes_sent;
+    s->uncompressed_bytes += delta.uncompressed_bytes;
+    s->comm_seconds += delta.comm_seconds;
+    s->codec_seconds += delta.codec_seconds;
+    s->nonfinite_buckets += delta.nonfinite_buckets;
+  }
+}
+
+HookStats HookCore::last_step_stats() const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  return step_stats_.buckets > 0 ? step_stats_ : last_step_;
+}
+
+HookStats HookCore::total_stats() const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  return total_;
+}
+
+bool HookCore::started() const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  return started_;
+}
+
+CompressionState HookCore::state() const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  if (engine_) return call_core([&] { return engine_->state(); });
+  if (pending_state_) return *pending_state_;
+  CompressionState s;
+  s.seed = options_.config.seed;
+  return s;
+}
+
+void HookCore::load_state(const CompressionState& state, bool started) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  GRADCOMP_TORCH_CHECK(state.seed == options_.config.seed, "state_dict seed ", state.seed,
+                       " differs from this hook's seed ", options_.config.seed);
+  started_ = started;
+  if (engine_) {
+    call_core([&] { engine_->load_state(state); });
+  } else {
+    pending_state_ = std::make_unique<CompressionState>(state);
+  }
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> GradcompCommHook::runHook(c10d::GradBucket& bucket) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (const at::Tensor& p : bucket.getParameters()) shapes.push_back(p.sizes().vec());
+  at::Tensor& buffer = bucket.getBufferRef();
+  const uint64_t id = bucket_identity(static_cast<int64_t>(bucket.getIndex()), buffer.numel(),
+                                      buffer.scalar_type(), shapes);
+  return core_->submit(buffer, static_cast<int64_t>(bucket.getIndex()), id);
+}
+
+at::Tensor GradcompCommHook::parseHookResult(const c10::IValue& result) {
+  return result.isTensor() ? result.toTensor() : result.toTensorVector()[0];
+}
+
+}  // namespace torch_ext
+}  // namespace gradcomp

@@ -1,0 +1,104 @@
+// The DDP communication hook: a c10d::CommHookInterface running gradcomp's compressed allreduce.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "gradcomp/gradcomp.h"
+
+namespace gradcomp {
+namespace torch_ext {
+
+// Options a Python codec spec turns into (gradcomp.Q4 / TopK / NoCompression).
+struct HookOptions {
+  bool compress = true;  // false: plain allreduce through the same path (A/B runs)
+  CompressionConfig config;
+};
+
+// Counters for one step or for the whole run.
+struct HookStats {
+  uint64_t buckets = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t uncompressed_bytes = 0;  // what a ring allreduce of the bucket dtype would send
+  double codec_seconds = 0;         // encode + decode (the job's time outside the collectives)
+  double comm_seconds = 0;
+  uint64_t nonfinite_buckets = 0;
+};
+
+// A stable bucket identity: the same parameters in the same bucket give the same value on every
+// rank and across restarts (DDP rebuilds its buckets after the first iteration).
+uint64_t bucket_identity(int64_t index, int64_t numel, at::ScalarType dtype,
+                         const std::vector<std::vector<int64_t>>& param_shapes);
+
+class ProcessGroupCommunicator;
+
+// Shared by the C++ hook the reducer owns and the Python handle: codec state, the worker thread
+// that runs CPU buckets off the autograd thread, and statistics.
+class HookCore {
+ public:
+  HookCore(c10::intrusive_ptr<c10d::ProcessGroup> group, HookOptions options);
+  ~HookCore();
+
+  // Queues one bucket; the future completes with the averaged bucket (written in place).
+  c10::intrusive_ptr<c10::ivalue::Future> submit(at::Tensor bucket, int64_t index, uint64_t identity);
+  // Averages one bucket now, on the calling thread.
+  void reduce(at::Tensor bucket, int64_t index, uint64_t identity);
+
+  HookStats last_step_stats() const;
+  HookStats total_stats() const;
+  int world_size() const;
+
+  CompressionState state() const;
+  void load_state(const CompressionState& state, bool started);
+  bool started() const;
+
+ private:
+  struct Job {
+    at::Tensor bucket;
+    int64_t index;
+    uint64_t identity;
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+  };
+  void run(const Job& job);
+  void worker_loop();
+  CompressedAllreduce& engine_for(const at::Tensor& bucket);
+
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  HookOptions options_;
+  std::unique_ptr<ProcessGroupCommunicator> comm_;
+  std::unique_ptr<CompressedAllreduce> engine_;
+  mutable std::mutex state_mu_;  // engine, stats, step boundaries
+  bool started_ = false;
+  HookStats step_stats_, last_step_, total_;
+  std::unique_ptr<CompressionState> pending_state_;
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<Job> queue_;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+// What DDP's reducer owns: forwards each bucket to the shared HookCore.
+class GradcompCommHook final : public c10d::CommHookInterface {
+ public:
+  explicit GradcompCommHook(std::shared_ptr<HookCore> core) : core_(std::move(core)) {}
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override;
+  at::Tensor parseHookResult(const c10::IValue& result) override;
+
+ private:
+  std::shared_ptr<HookCore> core_;
+};
+
+}  // namespace torch_ext
+}  // namespace gradcomp

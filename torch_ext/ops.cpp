@@ -1,0 +1,150 @@
+// torch.ops.gradcomp.*: standalone compress / decompress of one tensor (CPU and CUDA).
+#include <torch/library.h>
+
+#include <cstring>
+
+#include "tensor_params.h"
+
+namespace gradcomp {
+namespace torch_ext {
+namespace {
+
+at::Tensor q4_compress(const at::Tensor& x_in, int64_t block_size, bool stochastic, int64_t seed, int64_t step) {
+  check_gradient_tensor(x_in, "q4_compress input");
+  at::Tensor x = x_in.contiguous();
+  const int64_t n = x.numel();
+  const uint64_t bytes = call_core([&] { return q4_payload_bytes(n, static_cast<int>(block_size)); });
+  at::Tensor payload = at::empty({static_cast<int64_t>(bytes)}, x.options().dtype(at::kByte));
+  Segment seg = whole_segment(x);
+  Q4EncodeParams p;
+  p.segments = &seg;
+  p.num_segments = 1;
+  p.dtype = static_cast<uint8_t>(to_dtype(x.scalar_type(), "q4_compress input"));
+  p.numel = n;
+  p.block_size = static_cast<uint32_t>(block_size);
+  p.stochastic = stochastic;
+  p.rng.seed = static_cast<uint64_t>(seed);
+  p.rng.step = static_cast<uint32_t>(step);
+  p.payload = payload.data_ptr<uint8_t>();
+  call_core([&] { backend_for(x).q4_encode(p); });
+  return payload;
+}
+
+at::Tensor topk_compress(const at::Tensor& x_in, double ratio, bool exact, at::ScalarType value_dtype) {
+  check_gradient_tensor(x_in, "topk_compress input");
+  at::Tensor x = x_in.contiguous();
+  const int64_t n = x.numel();
+  TopKOptions o;
+  o.ratio = ratio;
+  o.exact = exact;
+  o.value_dtype = to_dtype(value_dtype, "topk_compress value_dtype");
+  call_core([&] { o.validate(); });
+  GRADCOMP_TORCH_CHECK(n <= kTopKMaxNumel, "topk_compress input has ", n,
+                       " elements; top-k allows at most 2^31 - 1 (32-bit indices)");
+  const int64_t k = topk_k(n, ratio), cap = topk_capacity(n, o);
+  const uint64_t bytes = call_core([&] { return topk_payload_bytes(cap, o.value_dtype); });
+  at::Tensor payload = at::empty({static_cast<int64_t>(bytes)}, x.options().dtype(at::kByte));
+  Backend& backend = backend_for(x);
+  at::Tensor workspace = at::empty({static_cast<int64_t>(backend.topk_workspace_bytes(n)) + 16},
+                                   x.options().dtype(at::kByte));
+  Segment seg = whole_segment(x);
+  TopKEncodeParams p;
+  p.segments = &seg;
+  p.num_segments = 1;
+  p.dtype = static_cast<uint8_t>(to_dtype(x.scalar_type(), "topk_compress input"));
+  p.numel = n;
+  p.k = k;
+  p.capacity = static_cast<uint32_t>(cap);
+  p.exact = exact;
+  p.value_dtype = static_cast<uint8_t>(o.value_dtype);
+  p.payload = payload.data_ptr<uint8_t>();
+  p.workspace = workspace.data_ptr();
+  call_core([&] { backend.topk_encode(p); });
+  return payload;
+}
+
+at::Tensor decompress(const at::Tensor& payload_in) {
+  GRADCOMP_TORCH_CHECK(payload_in.scalar_type() == at::kByte && payload_in.dim() == 1,
+                       "decompress expects a 1-D uint8 payload tensor, got ", payload_in.scalar_type(), " with ",
+                       payload_in.dim(), " dimensions");
+  at::Tensor payload = payload_in.contiguous();
+  const uint64_t size = static_cast<uint64_t>(payload.numel());
+  GRADCOMP_TORCH_CHECK(size >= kPayloadHeaderBytes, "decompress: payload of ", size,
+                       " bytes is shorter than the 64-byte header");
+  uint8_t header[kPayloadHeaderBytes];
+  at::Tensor head = payload.slice(0, 0, kPayloadHeaderBytes).cpu();
+  std::memcpy(header, head.data_ptr<uint8_t>(), sizeof header);
+  // Header fields are checked here; the sections are validated again by the decoder itself.
+  math::PayloadHeader h;
+  std::memcpy(&h, header, sizeof h);
+  GRADCOMP_TORCH_CHECK(h.magic == math::kPayloadMagic && h.checksum == math::header_checksum(h),
+                       "decompress: not a valid gradcomp payload (bad magic or header checksum)");
+  GRADCOMP_TORCH_CHECK(h.dtype <= math::kDtypeBF16 && h.numel <= static_cast<uint64_t>(INT64_MAX / 4),
+                       "decompress: invalid dtype or element count in the header");
+  const int64_t n = static_cast<int64_t>(h.numel);
+  at::Tensor out = at::empty({n}, payload.options().dtype(to_scalar_type(static_cast<DType>(h.dtype))));
+  Segment seg = whole_segment(out);
+  const uint8_t* ptr = payload.data_ptr<uint8_t>();
+  Backend& backend = backend_for(payload);
+  if (h.codec == math::kCodecQ4) {
+    Q4DecodeParams d;
+    d.payloads = &ptr;
+    d.num_payloads = 1;
+    d.payload_bytes = size;
+    d.numel = n;
+    d.block_size = h.param;
+    d.segments = &seg;
+    d.num_segments = 1;
+    d.dtype = h.dtype;
+    call_core([&] {
+      backend.q4_decode(d);
+      backend.take_decode_status();
+    });
+  } else {
+    GRADCOMP_TORCH_CHECK(h.codec == math::kCodecTopK, "decompress: unknown codec ", int(h.codec));
+    GRADCOMP_TORCH_CHECK(n <= kTopKMaxNumel, "decompress: top-k payload claims ", n, " elements");
+    at::Tensor workspace = at::empty({std::max<int64_t>(16, static_cast<int64_t>(backend.topk_workspace_bytes(n)))},
+                                     payload.options().dtype(at::kByte));
+    TopKDecodeParams d;
+    d.payloads = &ptr;
+    d.num_payloads = 1;
+    d.payload_bytes = size;
+    d.numel = n;
+    d.capacity = h.param;
+    d.value_dtype = h.value_dtype;
+    d.segments = &seg;
+    d.num_segments = 1;
+    d.dtype = h.dtype;
+    d.workspace = workspace.data_ptr();
+    call_core([&] {
+      backend.topk_decode(d);
+      backend.take_decode_status();
+    });
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(gradcomp, m) {
+  m.def("q4_compress(Tensor x, int block_size, bool stochastic, int seed, int step) -> Tensor");
+  m.def("topk_compress(Tensor x, float ratio, bool exact, ScalarType value_dtype) -> Tensor");
+  m.def("decompress(Tensor payload) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(gradcomp, CPU, m) {
+  m.impl("q4_compress", &q4_compress);
+  m.impl("topk_compress", &topk_compress);
+  m.impl("decompress", &decompress);
+}
+
+#if defined(GRADCOMP_HAVE_CUDA)
+TORCH_LIBRARY_IMPL(gradcomp, CUDA, m) {
+  m.impl("q4_compress", &q4_compress);
+  m.impl("topk_compress", &topk_compress);
+  m.impl("decompress", &decompress);
+}
+#endif
+
+}  // namespace torch_ext
+}  // namespace gradcomp

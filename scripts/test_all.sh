@@ -39,4 +39,13 @@ cmake -S tests/consumer -B build-consumer -G Ninja -DCMAKE_PREFIX_PATH="$root/bu
 cmake --build build-consumer
 ./build-consumer/gradcomp_consumer
 
+step "Python package (pip install -e .) and DDP hook tests on real Gloo process groups"
+venv="$("$root/scripts/python_env.sh")"
+CMAKE_CUDA_ARCHITECTURES="$cuda_archs" "$venv/bin/pip" install -q --no-build-isolation -e .
+"$venv/bin/python" -m pytest tests/python -q -rs
+
+step "example: torchrun, 2 ranks, q4 hook on digits"
+"$venv/bin/torchrun" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port 29511 \
+  examples/ddp_train.py --codec q4 --epochs 3
+
 step "all tests passed"

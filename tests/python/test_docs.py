@@ -1,0 +1,14 @@
+"""The Python example in docs/api.md runs as written."""
+import pathlib
+import re
+
+from launcher import launch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_api_doc_example_runs():
+    text = (ROOT / "docs" / "api.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks, "docs/api.md has no python example"
+    assert launch("workers", "run_python_block", 1, blocks[0]) == [True]

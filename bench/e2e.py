@@ -1,0 +1,236 @@
+"""End-to-end DDP benchmark on a rate-limited link: gradcomp against PyTorch's own hooks.
+
+All ranks run inside one private network namespace and talk over its loopback, which a token
+bucket (`tc ... tbf`) limits to W x the per-node rate, so that W ranks each sending at once get
+about the per-node rate each, as with one network card per node. Without the privileges for
+namespaces it says so and runs on the plain loopback, unlimited.
+
+    python bench/e2e.py --quick                    # the README's main job: about 3 minutes
+    python bench/e2e.py --world 2,4 --gbps 1,10    # the full run behind docs/benchmarks.md
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NETNS = "gradcomp-bench"
+METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4", "gradcomp-topk")
+
+
+class Link:
+    """The namespace and its loopback rate limit (or plain loopback when that is not allowed)."""
+
+    def __init__(self):
+        self.prefix, self.limited, self.note = [], False, ""
+        if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+            self.note = "no root or no iproute2: plain loopback, no rate limit"
+            return
+        subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
+        r = subprocess.run(["ip", "netns", "add", NETNS], capture_output=True, text=True)
+        if r.returncode != 0:
+            self.note = f"cannot create a network namespace ({r.stderr.strip()}): plain loopback, no rate limit"
+            return
+        subprocess.run(["ip", "netns", "exec", NETNS, "ip", "link", "set", "lo", "up"], check=True)
+        self.prefix = ["ip", "netns", "exec", NETNS]
+
+    def set_rate(self, gbps_total: float) -> bool:
+        if not self.prefix:
+            return False
+        burst = max(256 * 1024, int(gbps_total * 1e9 / 8 / 250))
+        r = subprocess.run(self.prefix + ["tc", "qdisc", "replace", "dev", "lo", "root", "tbf", "rate",
+                                          f"{gbps_total}gbit", "burst", str(burst), "latency", "100ms"],
+                           capture_output=True, text=True)
+        self.limited = r.returncode == 0
+        if not self.limited:
+            self.note = f"tc failed ({r.stderr.strip()}): loopback unlimited"
+        return self.limited
+
+    def close(self):
+        if self.prefix:
+            subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
+
+
+def run_ranks(link, mode, method, world, extra, timeout, copies=1):
+    """Starts `world` worker processes (or `copies` independent single-rank ones when world is 1);
+    returns rank 0's result dict."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        port = 29600 + (os.getpid() + int(time.time() * 1000)) % 2000
+        procs = []
+        for rank in range(max(world, copies)):
+            cmd = link.prefix + [sys.executable, os.path.join(HERE, "e2e_worker.py"), "--mode", mode, "--method",
+                                 method, "--rank", str(rank if world > 1 else 0), "--world", str(world),
+                                 "--port", str(port), "--out", out if rank == 0 else out + f".{rank}"] + extra
+            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+            err = open(os.path.join(tmp, f"stderr.{rank}"), "w")
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env))
+        deadline = time.time() + timeout
+        for p in procs:
+            try:
+                p.wait(timeout=max(1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if not os.path.exists(out):
+            lines = [l.strip() for l in open(os.path.join(tmp, "stderr.0")).read().splitlines()
+                     if l.strip() and not l.startswith("W1") and "Fatal Python" not in l]
+            why = next((l for l in lines if "what()" in l or "Error" in l), lines[-1] if lines else "no output")
+            return {"ok": False, "error": f"rank 0 exited with {procs[0].returncode} and no result: {why[:160]}"}
+        with open(out) as f:
+            return json.load(f)
+
+
+def fmt_bytes(b):
+    return f"{b / 1e6:8.1f} MB" if b is not None else "       -"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world", default="2", help="comma list of world sizes")
+    ap.add_argument("--gbps", default="1", help="comma list of per-node link rates in Gbit/s")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--hidden", type=int, default=4096, help="4096 gives a 25.2M-parameter model")
+    ap.add_argument("--digits-epochs", type=int, default=15)
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--quick", action="store_true", help="2 ranks, 1 Gbit/s, 8 steps, 5 digits epochs")
+    ap.add_argument("--timeout", type=float, default=600)
+    args = ap.parse_args()
+    if args.quick:
+        args.world, args.gbps, args.steps, args.warmup, args.digits_epochs = "2", "1", 8, 2, 5
+    try:
+        worlds = [int(w) for w in args.world.split(",")]
+        rates = [float(g) for g in args.gbps.split(",")]
+    except ValueError:
+        ap.error("--world and --gbps take comma-separated numbers")
+    methods = args.methods.split(",")
+    for m in methods:
+        if m not in METHODS:
+            ap.error(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    if any(w < 2 or w > 8 for w in worlds) or any(g <= 0 for g in rates):
+        ap.error("world sizes must be 2..8 and rates positive")
+    os.makedirs(args.out, exist_ok=True)
+
+    link = Link()
+    results = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+               "link_note": link.note, "config": vars(args), "throughput": [], "limit": {}, "digits": []}
+    extra = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--hidden", str(args.hidden)]
+    try:
+        total = len(worlds) * (1 + len(rates) * len(methods)) + len(methods)
+        done = 0
+        for world in worlds:
+            # The limit: the same model and per-rank batch with no communication, W copies at once
+            # so that the CPU is shared as in the W-rank runs.
+            link.set_rate(1000)
+            done += 1
+            print(f"[{done}/{total}] limit: W={world} independent single-rank runs", flush=True)
+            limit = run_ranks(link, "throughput", "ddp-fp32", 1, extra, args.timeout, copies=world)
+            results["limit"][str(world)] = limit
+            for gbps in rates:
+                limited = link.set_rate(gbps * world)
+                for method in methods:
+                    done += 1
+                    print(f"[{done}/{total}] W={world} {gbps:g} Gbit/s {method}", flush=True)
+                    r = run_ranks(link, "throughput", method, world, extra, args.timeout)
+                    results["throughput"].append({"world": world, "gbps": gbps, "rate_limited": limited,
+                                                  "method": method, **r})
+        link.set_rate(rates[0] * 2)
+        for method in methods:
+            done += 1
+            print(f"[{done}/{total}] digits, W=2, {rates[0]:g} Gbit/s, {method}", flush=True)
+            r = run_ranks(link, "digits", method, 2, ["--epochs", str(args.digits_epochs)], args.timeout)
+            results["digits"].append({"method": method, **r})
+    finally:
+        link.close()
+
+    path = os.path.join(args.out, "e2e.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+    print_table(results)
+    plot(results, args.out)
+    print(f"\nresults: {path}; plots: {args.out}/step_time.png, {args.out}/digits_accuracy.png")
+
+
+def print_table(results):
+    print(f"\n{results['date']}  {results['machine']}")
+    if results["link_note"]:
+        print(f"note: {results['link_note']}")
+    rows = results["throughput"]
+    for (world, gbps) in sorted({(r["world"], r["gbps"]) for r in rows}):
+        group = [r for r in rows if r["world"] == world and r["gbps"] == gbps]
+        base = {r["method"]: r for r in group if r.get("ok")}
+        fp32 = base.get("ddp-fp32", {}).get("step_s")
+        bf16 = base.get("bf16-hook", {}).get("step_s")
+        limit = results["limit"].get(str(world), {}).get("step_s")
+        print(f"\nW={world}, {gbps:g} Gbit/s per node" + (f", limit (no communication) {limit * 1e3:.0f} ms/step" if limit else ""))
+        print(f"{'method':16s} {'step ms':>9s} {'bytes/step/rank':>16s} {'vs fp32':>8s} {'vs bf16':>8s} {'vs limit':>9s} {'codec ms':>9s}")
+        for r in group:
+            if not r.get("ok"):
+                print(f"{r['method']:16s} failed: {r.get('error', '?')}")
+                continue
+            s = r["step_s"]
+            vs = lambda b: f"{b / s:7.2f}x" if b else "      -"
+            codec = f"{r['codec_s'] * 1e3:9.0f}" if r.get("codec_s") is not None else "        -"
+            name = r["method"] + (" (1 bucket)" if r["method"] in ("powersgd-r4", "quant-pertensor") else "")
+            print(f"{name:16s} {s * 1e3:9.0f} {fmt_bytes(r['bytes_per_step_per_rank']):>16s} {vs(fp32):>8s} "
+                  f"{vs(bf16):>8s} {s / limit if limit else float('nan'):8.2f}x {codec}")
+    if results["digits"]:
+        print("\ndigits (2 ranks): final test accuracy, wall time")
+        for r in results["digits"]:
+            if r.get("ok"):
+                print(f"{r['method']:16s} {r['final_accuracy']:.4f}  {r['curve'][-1][0]:6.1f} s")
+            else:
+                print(f"{r['method']:16s} failed: {r.get('error', '?')}")
+
+
+def plot(results, out):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plots")
+        return
+    rows = [r for r in results["throughput"] if r.get("ok")]
+    configs = sorted({(r["world"], r["gbps"]) for r in rows})
+    methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / max(1, len(methods))
+    for i, m in enumerate(methods):
+        ys = [next((r["step_s"] * 1e3 for r in rows if r["method"] == m and (r["world"], r["gbps"]) == c), 0)
+              for c in configs]
+        ax.bar([j + i * width for j in range(len(configs))], ys, width, label=m)
+    for j, (world, _) in enumerate(configs):
+        limit = results["limit"].get(str(world), {}).get("step_s")
+        if limit:
+            ax.hlines(limit * 1e3, j - width / 2, j + 0.8 - width / 2, colors="k", linestyles="dashed")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(configs))])
+    ax.set_xticklabels([f"W={w}, {g:g} Gbit/s" for w, g in configs])
+    ax.set_ylabel("median step time (ms); dashed: no communication")
+    ax.set_title(f"25M-parameter MLP, DDP on CPU/Gloo ({results['date'][:10]})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "step_time.png"), dpi=110)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in results["digits"]:
+        if r.get("ok"):
+            t, a = zip(*r["curve"])
+            ax.plot(t, a, marker=".", label=r["method"])
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("digits, 2 ranks: accuracy against wall time")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "digits_accuracy.png"), dpi=110)
+
+
+if __name__ == "__main__":
+    main()

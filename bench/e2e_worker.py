@@ -20,6 +20,10 @@ METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-
 SINGLE_BUCKET = ("powersgd-r4", "quant-pertensor")
 
 
+# NCCL on GPUs when present (one GPU per rank), Gloo on CPU otherwise.
+DEVICE = torch.device("cpu")
+
+
 def make_ddp(model, method):
     cap = 100000 if method in SINGLE_BUCKET else 25
     return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
@@ -67,10 +71,11 @@ def throughput(args, rank, world):
     model = nn.Sequential(nn.Linear(1024, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
                           nn.Linear(hidden, 1024))
     params = sum(p.numel() for p in model.parameters())
+    model = model.to(DEVICE)
     ddp = make_ddp(model, args.method) if world > 1 else model
     hook = install(args.method, ddp, gt, gradcomp) if world > 1 else None
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
-    x = torch.randn(args.batch, 1024)
+    x = torch.randn(args.batch, 1024, device=DEVICE)
     times, codec = [], []
     tx0 = 0
     for step in range(args.warmup + args.steps):
@@ -80,6 +85,8 @@ def throughput(args, rank, world):
         opt.zero_grad()
         ddp(x).square().mean().backward()
         opt.step()
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         if hook is not None and step >= args.warmup:
             s = hook.stats()["step"]
@@ -135,10 +142,15 @@ def main():
     torch.set_num_threads(1)
     result = {"ok": False}
     try:
+        global DEVICE
+        if torch.cuda.is_available() and torch.cuda.device_count() >= args.world:
+            DEVICE = torch.device("cuda", args.rank)
+            torch.cuda.set_device(DEVICE)
         if args.world > 1:
             store = dist.TCPStore("127.0.0.1", args.port, args.world, args.rank == 0,
                                   timeout=__import__("datetime").timedelta(seconds=120))
-            dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.world)
+            dist.init_process_group("nccl" if DEVICE.type == "cuda" else "gloo", store=store, rank=args.rank,
+                                    world_size=args.world)
         fn = throughput if args.mode == "throughput" else digits
         result = {"ok": True, **fn(args, args.rank, args.world)}
     except Exception as e:  # the table reports the failure instead of dropping the row

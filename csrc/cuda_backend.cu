@@ -91,16 +91,7 @@ class CudaBackend final : public Backend {
     check_segments(p.segments, p.num_segments, p.begin, p.numel, "q4 decode");
     GRADCOMP_CHECK(p.num_payloads >= 1, "q4 decode: no payloads");
     Q4DecodeParams d = p;
-    const size_t seg_bytes = align(sizeof(Segment) * p.num_segments);
-    char* table = reserve(seg_bytes + sizeof(void*) * p.num_payloads);
-    std::vector<char> host(seg_bytes + sizeof(void*) * p.num_payloads);
-    std::memcpy(host.data(), p.segments, sizeof(Segment) * p.num_segments);
-    std::memcpy(host.data() + seg_bytes, p.payloads, sizeof(void*) * p.num_payloads);
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(table, host.data(), host.size(), cudaMemcpyHostToDevice, stream_));
-    d.segments = reinterpret_cast<const Segment*>(table);
-    d.payloads = reinterpret_cast<const uint8_t* const*>(table + seg_bytes);
-    d.status = flags_;
-    d.nonfinite = reinterpret_cast<uint32_t*>(flags_ + 1);
+    stage_decode(d);
     GRADCOMP_CUDA_CHECK(kernels::run_q4_decode(d, stream_));
     check_status("q4 decode");
   }
@@ -120,16 +111,7 @@ class CudaBackend final : public Backend {
     check_segments(p.segments, p.num_segments, p.begin, p.numel, "top-k decode");
     GRADCOMP_CHECK(p.num_payloads >= 1 && p.workspace != nullptr, "top-k decode: no payloads or workspace");
     TopKDecodeParams d = p;
-    const size_t seg_bytes = align(sizeof(Segment) * p.num_segments);
-    char* table = reserve(seg_bytes + sizeof(void*) * p.num_payloads);
-    std::vector<char> host(seg_bytes + sizeof(void*) * p.num_payloads);
-    std::memcpy(host.data(), p.segments, sizeof(Segment) * p.num_segments);
-    std::memcpy(host.data() + seg_bytes, p.payloads, sizeof(void*) * p.num_payloads);
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(table, host.data(), host.size(), cudaMemcpyHostToDevice, stream_));
-    d.segments = reinterpret_cast<const Segment*>(table);
-    d.payloads = reinterpret_cast<const uint8_t* const*>(table + seg_bytes);
-    d.status = flags_;
-    d.nonfinite = reinterpret_cast<uint32_t*>(flags_ + 1);
+    stage_decode(d);
     GRADCOMP_CUDA_CHECK(kernels::run_topk_decode(d, stream_));
     check_status("top-k decode");
   }
@@ -176,6 +158,22 @@ class CudaBackend final : public Backend {
     // Earlier launches may still read the table: wait before overwriting it.
     GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return static_cast<char*>(tables_);
+  }
+
+  // Copies a decoder's segment table and payload pointer array to the device in one transfer and
+  // points the params at them and at the backend's status words.
+  template <typename Params>
+  void stage_decode(Params& d) {
+    const size_t seg_bytes = align(sizeof(Segment) * d.num_segments);
+    char* table = reserve(seg_bytes + sizeof(void*) * d.num_payloads);
+    std::vector<char> host(seg_bytes + sizeof(void*) * d.num_payloads);
+    std::memcpy(host.data(), d.segments, sizeof(Segment) * d.num_segments);
+    std::memcpy(host.data() + seg_bytes, d.payloads, sizeof(void*) * d.num_payloads);
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(table, host.data(), host.size(), cudaMemcpyHostToDevice, stream_));
+    d.segments = reinterpret_cast<const Segment*>(table);
+    d.payloads = reinterpret_cast<const uint8_t* const*>(table + seg_bytes);
+    d.status = flags_;
+    d.nonfinite = reinterpret_cast<uint32_t*>(flags_ + 1);
   }
 
   const Segment* stage_segments(const Segment* segs, int count) {

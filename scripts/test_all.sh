@@ -48,4 +48,15 @@ step "example: torchrun, 2 ranks, q4 hook on digits"
 "$venv/bin/torchrun" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port 29511 \
   examples/ddp_train.py --codec q4 --epochs 3
 
+step "smoke: gradcomp-bench (codec, projection, bad arguments) and the end-to-end benchmark"
+./build/bench/gradcomp-bench codec --sizes 1e4,1e5 --reps 2
+./build/bench/gradcomp-bench codec --sizes 1e4 --reps 1 --json > build/bench-smoke.json
+"$venv/bin/python" -c "import json; rows = json.load(open('build/bench-smoke.json')); assert len(rows) == 8, rows"
+./build/bench/gradcomp-bench project --params 1e9 --link-gbps 25
+if ./build/bench/gradcomp-bench codec --sizes nope 2>/dev/null; then echo "bad argument accepted"; exit 1; fi
+"$venv/bin/python" bench/e2e.py --world 2 --gbps 1 --steps 2 --warmup 1 --hidden 256 \
+  --methods ddp-fp32,bf16-hook,gradcomp-q4 --digits-epochs 1 --out build/e2e-smoke
+"$venv/bin/python" -c "import json; r = json.load(open('build/e2e-smoke/e2e.json')); \
+assert all(x['ok'] for x in r['throughput']), r['throughput']; assert len(r['digits']) == 3"
+
 step "all tests passed"

@@ -1,4 +1,5 @@
-// Google Benchmark suite for the CPU codecs; reports bytes/s and the ratio to memcpy in this binary.
+// Google Benchmark suite for the CPU codecs; reports bytes/s and the ratio to memcpy in this
+// binary.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -48,7 +49,8 @@ std::vector<uint8_t> make_input(DType dtype, int64_t n) {
   std::mt19937 gen(1);
   std::normal_distribution<float> dist;
   std::vector<uint8_t> bytes(static_cast<size_t>(n) * dtype_size(dtype));
-  for (int64_t i = 0; i < n; ++i) math::store_from_float(bytes.data(), i, static_cast<uint8_t>(dtype), dist(gen));
+  for (int64_t i = 0; i < n; ++i)
+    math::store_from_float(bytes.data(), i, static_cast<uint8_t>(dtype), dist(gen));
   return bytes;
 }
 
@@ -207,8 +209,20 @@ BENCHMARK(BM_Q4DecodeSum)
     ->Args({kN, 4, 2})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_TopKEncode)->ArgNames({"n", "exact"})->Args({kN, 1})->Args({kN, 0})->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Q4BlockSizeError)->ArgName("block")->Arg(16)->Arg(32)->Arg(64)->Arg(128)->Arg(256)->Iterations(1);
+BENCHMARK(BM_TopKEncode)
+    ->ArgNames({"n", "exact"})
+    ->Args({kN, 1})
+    ->Args({kN, 0})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Q4BlockSizeError)
+    ->ArgName("block")
+    ->Arg(16)
+    ->Arg(32)
+    ->Arg(64)
+    ->Arg(128)
+    ->Arg(256)
+    ->Iterations(1);
 
 }  // namespace
 

@@ -97,8 +97,10 @@ struct Inputs {
     std::vector<uint8_t> host(bytes);
     std::mt19937 gen(1);
     std::normal_distribution<float> dist;
-    for (int64_t i = 0; i < n; ++i) math::store_from_float(host.data(), i, static_cast<uint8_t>(dtype), dist(gen));
-    const size_t count = std::max<size_t>(2, std::min<size_t>(32, kRotateBytes / std::max<size_t>(bytes, 1)));
+    for (int64_t i = 0; i < n; ++i)
+      math::store_from_float(host.data(), i, static_cast<uint8_t>(dtype), dist(gen));
+    const size_t count =
+        std::max<size_t>(2, std::min<size_t>(32, kRotateBytes / std::max<size_t>(bytes, 1)));
     for (size_t c = 0; c < count; ++c) {
       copies.push_back(device_alloc(bytes));
       GRADCOMP_CUDA_CHECK(cudaMemcpy(copies.back(), host.data(), bytes, cudaMemcpyHostToDevice));
@@ -112,7 +114,8 @@ struct Inputs {
 
 Segment* device_segments(const std::vector<Segment>& host) {
   auto* d = static_cast<Segment*>(device_alloc(sizeof(Segment) * host.size()));
-  GRADCOMP_CUDA_CHECK(cudaMemcpy(d, host.data(), sizeof(Segment) * host.size(), cudaMemcpyHostToDevice));
+  GRADCOMP_CUDA_CHECK(
+      cudaMemcpy(d, host.data(), sizeof(Segment) * host.size(), cudaMemcpyHostToDevice));
   return d;
 }
 
@@ -121,7 +124,8 @@ void BM_CudaCopy(benchmark::State& state) {
   const size_t bytes = static_cast<size_t>(state.range(0)) * 4;
   void* a = device_alloc(bytes);
   void* b = device_alloc(bytes);
-  time_loop(state, [&](int) { cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, gpu().stream); });
+  time_loop(state,
+            [&](int) { cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, gpu().stream); });
   report(state, 2.0 * bytes);
   cudaFree(a);
   cudaFree(b);
@@ -140,7 +144,8 @@ void BM_CudaQ4Encode(benchmark::State& state) {
   const size_t pbytes = q4_payload_bytes(n, 64);
   auto* payload = static_cast<uint8_t*>(device_alloc(pbytes));
   std::vector<Segment*> segs;
-  for (size_t c = 0; c < in.copies.size(); ++c) segs.push_back(device_segments({Segment{in.copies[c], 0, n}}));
+  for (size_t c = 0; c < in.copies.size(); ++c)
+    segs.push_back(device_segments({Segment{in.copies[c], 0, n}}));
   Q4EncodeParams p;
   p.num_segments = 1;
   p.dtype = static_cast<uint8_t>(dtype);
@@ -180,7 +185,8 @@ void BM_CudaQ4DecodeSum(benchmark::State& state) {
     GRADCOMP_CUDA_CHECK(kernels::run_q4_encode(e, 0, gpu().stream));
   }
   auto* ptrs = static_cast<const uint8_t**>(device_alloc(sizeof(void*) * world));
-  GRADCOMP_CUDA_CHECK(cudaMemcpy(ptrs, payloads.data(), sizeof(void*) * world, cudaMemcpyHostToDevice));
+  GRADCOMP_CUDA_CHECK(
+      cudaMemcpy(ptrs, payloads.data(), sizeof(void*) * world, cudaMemcpyHostToDevice));
   void* out = device_alloc(n * 4);
   Segment* oseg = device_segments({Segment{out, 0, n}});
   auto* status = static_cast<int32_t*>(device_alloc(8));
@@ -216,7 +222,8 @@ void BM_CudaTopKEncode(benchmark::State& state) {
   auto* payload = static_cast<uint8_t*>(device_alloc(topk_payload_bytes(cap, DType::kFloat32)));
   void* ws = device_alloc(kernels::topk_workspace_bytes(n));
   std::vector<Segment*> segs;
-  for (size_t c = 0; c < in.copies.size(); ++c) segs.push_back(device_segments({Segment{in.copies[c], 0, n}}));
+  for (size_t c = 0; c < in.copies.size(); ++c)
+    segs.push_back(device_segments({Segment{in.copies[c], 0, n}}));
   TopKEncodeParams p;
   p.num_segments = 1;
   p.numel = n;
@@ -264,8 +271,8 @@ void BM_CudaFusedPacking(benchmark::State& state) {
   time_loop(state, [&](int) {
     if (!fused) {
       for (const Segment& s : host) {
-        GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(static_cast<float*>(flat) + s.offset, s.data, s.numel * 4,
-                                            cudaMemcpyDeviceToDevice, gpu().stream));
+        GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(static_cast<float*>(flat) + s.offset, s.data,
+                                            s.numel * 4, cudaMemcpyDeviceToDevice, gpu().stream));
       }
     }
     GRADCOMP_CUDA_CHECK(kernels::run_q4_encode(p, 0, gpu().stream));
@@ -290,9 +297,24 @@ BENCHMARK(BM_CudaQ4Encode)
     ->Args({kBig, 2, 1, 0})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_CudaQ4DecodeSum)->ArgNames({"n", "W"})->Args({kBig / 4, 4})->Args({kBig, 1})->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_CudaTopKEncode)->ArgNames({"n", "exact"})->Args({kBig, 1})->Args({kBig, 0})->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_CudaFusedPacking)->ArgNames({"tensors", "fused"})->Args({100, 1})->Args({100, 0})->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CudaQ4DecodeSum)
+    ->ArgNames({"n", "W"})
+    ->Args({kBig / 4, 4})
+    ->Args({kBig, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CudaTopKEncode)
+    ->ArgNames({"n", "exact"})
+    ->Args({kBig, 1})
+    ->Args({kBig, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CudaFusedPacking)
+    ->ArgNames({"tensors", "fused"})
+    ->Args({100, 1})
+    ->Args({100, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 BENCHMARK_MAIN();

@@ -53,10 +53,11 @@ Args parse(int argc, char** argv) {
     std::printf("%s", kUsage);
     std::exit(0);
   }
-  if (a.mode != "codec" && a.mode != "collective" && a.mode != "project") fail("unknown mode '" + a.mode + "'");
-  static const std::vector<std::string> known = {"--sizes", "--codecs", "--dtypes", "--device", "--threads", "--reps",
-                                                 "--params", "--link-gbps", "--gpus-per-node", "--nodes",
-                                                 "--encode-gbps", "--overlap"};
+  if (a.mode != "codec" && a.mode != "collective" && a.mode != "project")
+    fail("unknown mode '" + a.mode + "'");
+  static const std::vector<std::string> known = {
+      "--sizes",  "--codecs",    "--dtypes",        "--device", "--threads",     "--reps",
+      "--params", "--link-gbps", "--gpus-per-node", "--nodes",  "--encode-gbps", "--overlap"};
   for (int i = 2; i < argc; ++i) {
     std::string k = argv[i];
     if (k == "--json") {
@@ -90,7 +91,8 @@ double parse_number(const std::string& s, const char* what, double lo, double hi
 std::vector<double> numbers(const Args& a, const char* key, const char* def, double lo, double hi) {
   auto it = a.opts.find(key);
   std::vector<double> out;
-  for (const auto& s : split(it == a.opts.end() ? def : it->second)) out.push_back(parse_number(s, key, lo, hi));
+  for (const auto& s : split(it == a.opts.end() ? def : it->second))
+    out.push_back(parse_number(s, key, lo, hi));
   if (out.empty()) fail(std::string("empty list for ") + key);
   return out;
 }
@@ -129,7 +131,8 @@ struct Memory {
   }
 };
 
-CodecRow run_codec(Backend& backend, int64_t n, const std::string& codec, DType dtype, int reps, int threads) {
+CodecRow run_codec(Backend& backend, int64_t n, const std::string& codec, DType dtype, int reps,
+                   int threads) {
   (void)threads;
   Memory mem{backend, {}};
   const size_t in_bytes = static_cast<size_t>(n) * dtype_size(dtype);
@@ -231,7 +234,8 @@ CodecRow run_codec(Backend& backend, int64_t n, const std::string& codec, DType 
   row.device = backend.is_cuda() ? "cuda" : "cpu";
   row.encode_gbps = moved / median(enc) / 1e9;
   row.decode_gbps = moved / median(dec) / 1e9;
-  row.encode_vs_memcpy = backend.is_cuda() ? NAN : (moved / median(enc)) / (2.0 * in_bytes / median(cpy));
+  row.encode_vs_memcpy =
+      backend.is_cuda() ? NAN : (moved / median(enc)) / (2.0 * in_bytes / median(cpy));
   row.compression = static_cast<double>(in_bytes) / pbytes;
   row.rel_l2 = den > 0 ? std::sqrt(num / den) : 0;
   row.max_err = max_err;
@@ -246,15 +250,21 @@ int codec_mode(const Args& a) {
   const int threads = static_cast<int>(numbers(a, "--threads", "1", 1, 1024)[0]);
   const int reps = static_cast<int>(numbers(a, "--reps", "5", 1, 1000)[0]);
   for (const auto& c : codecs)
-    if (c != "q4" && c != "q4-rn" && c != "topk" && c != "topk-approx") fail("unknown codec '" + c + "'");
+    if (c != "q4" && c != "q4-rn" && c != "topk" && c != "topk-approx")
+      fail("unknown codec '" + c + "'");
   std::vector<DType> dts;
   for (const auto& d : dtypes) {
-    if (d == "float32") dts.push_back(DType::kFloat32);
-    else if (d == "float16") dts.push_back(DType::kFloat16);
-    else if (d == "bfloat16") dts.push_back(DType::kBFloat16);
-    else fail("unknown dtype '" + d + "'");
+    if (d == "float32")
+      dts.push_back(DType::kFloat32);
+    else if (d == "float16")
+      dts.push_back(DType::kFloat16);
+    else if (d == "bfloat16")
+      dts.push_back(DType::kBFloat16);
+    else
+      fail("unknown dtype '" + d + "'");
   }
-  if (device != "cpu" && device != "cuda" && device != "all") fail("--device must be cpu, cuda or all");
+  if (device != "cpu" && device != "cuda" && device != "all")
+    fail("--device must be cpu, cuda or all");
   std::vector<std::unique_ptr<Backend>> backends;
   if (device != "cuda") backends.push_back(make_cpu_backend(threads));
 #if defined(GRADCOMP_HAVE_CUDA)
@@ -267,8 +277,8 @@ int codec_mode(const Args& a) {
     for (double s : sizes)
       for (const auto& c : codecs)
         for (DType d : dts) {
-          std::fprintf(stderr, "\r[%zu/%zu] %s %s n=%.0e %s   ", rows.size() + 1, total, b->is_cuda() ? "cuda" : "cpu",
-                       c.c_str(), s, dtype_name(d));
+          std::fprintf(stderr, "\r[%zu/%zu] %s %s n=%.0e %s   ", rows.size() + 1, total,
+                       b->is_cuda() ? "cuda" : "cpu", c.c_str(), s, dtype_name(d));
           rows.push_back(run_codec(*b, static_cast<int64_t>(s), c, d, reps, threads));
         }
   std::fprintf(stderr, "\r%60s\r", "");
@@ -276,25 +286,30 @@ int codec_mode(const Args& a) {
     std::printf("[\n");
     for (size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
-      std::printf("  {\"n\": %lld, \"codec\": \"%s\", \"dtype\": \"%s\", \"device\": \"%s\", \"encode_gbps\": %.4f, "
-                  "\"decode_gbps\": %.4f, \"encode_vs_memcpy\": %.4f, \"compression\": %.3f, \"rel_l2_error\": %.5f, "
-                  "\"max_error\": %.5f}%s\n",
-                  static_cast<long long>(r.n), r.codec.c_str(), r.dtype.c_str(), r.device.c_str(), r.encode_gbps,
-                  r.decode_gbps, std::isnan(r.encode_vs_memcpy) ? -1.0 : r.encode_vs_memcpy, r.compression, r.rel_l2,
-                  r.max_err, i + 1 < rows.size() ? "," : "");
+      std::printf(
+          "  {\"n\": %lld, \"codec\": \"%s\", \"dtype\": \"%s\", \"device\": \"%s\", "
+          "\"encode_gbps\": %.4f, "
+          "\"decode_gbps\": %.4f, \"encode_vs_memcpy\": %.4f, \"compression\": %.3f, "
+          "\"rel_l2_error\": %.5f, "
+          "\"max_error\": %.5f}%s\n",
+          static_cast<long long>(r.n), r.codec.c_str(), r.dtype.c_str(), r.device.c_str(),
+          r.encode_gbps, r.decode_gbps, std::isnan(r.encode_vs_memcpy) ? -1.0 : r.encode_vs_memcpy,
+          r.compression, r.rel_l2, r.max_err, i + 1 < rows.size() ? "," : "");
     }
     std::printf("]\n");
     return 0;
   }
-  std::printf("%-6s %-12s %-9s %10s %10s %10s %8s %8s %9s %9s\n", "device", "codec", "dtype", "elements", "enc GB/s",
-              "dec GB/s", "vs copy", "ratio", "rel L2", "max err");
+  std::printf("%-6s %-12s %-9s %10s %10s %10s %8s %8s %9s %9s\n", "device", "codec", "dtype",
+              "elements", "enc GB/s", "dec GB/s", "vs copy", "ratio", "rel L2", "max err");
   for (const auto& r : rows) {
-    std::printf("%-6s %-12s %-9s %10lld %10.3f %10.3f %8.3f %8.2f %9.5f %9.5f\n", r.device.c_str(), r.codec.c_str(),
-                r.dtype.c_str(), static_cast<long long>(r.n), r.encode_gbps, r.decode_gbps, r.encode_vs_memcpy,
-                r.compression, r.rel_l2, r.max_err);
+    std::printf("%-6s %-12s %-9s %10lld %10.3f %10.3f %8.3f %8.2f %9.5f %9.5f\n", r.device.c_str(),
+                r.codec.c_str(), r.dtype.c_str(), static_cast<long long>(r.n), r.encode_gbps,
+                r.decode_gbps, r.encode_vs_memcpy, r.compression, r.rel_l2, r.max_err);
   }
-  std::printf("(GB/s count the bytes that must move: input read + payload written. vs copy: encode rate over a\n"
-              " memcpy of the input measured in the same run, CPU only.)\n");
+  std::printf(
+      "(GB/s count the bytes that must move: input read + payload written. vs copy: encode rate "
+      "over a\n"
+      " memcpy of the input measured in the same run, CPU only.)\n");
   return 0;
 }
 
@@ -310,12 +325,17 @@ int project_mode(const Args& a) {
   // two-phase re-encode together), to be replaced by measured numbers.
   const double codec_gbps = numbers(a, "--encode-gbps", "3440", 1, 1e6)[0];
   const double overlap = numbers(a, "--overlap", "0.5", 0, 1)[0];
-  if (a.json) std::printf("[\n");
+  if (a.json)
+    std::printf("[\n");
   else
-    std::printf("MODEL, not a measurement: %g nodes x %g GPUs, bf16 gradients, compute = 6*P*4096 tokens per GPU at\n"
-                "396 TFLOP/s (40%% of 990), %.0f%% of backward (2/3 of compute) available to hide communication.\n\n"
-                "%-8s %-10s %12s %12s %12s %12s %9s\n",
-                nodes, gpus, overlap * 100, "params", "link", "compute ms", "bf16 step", "q4 step", "q4 comm MB", "speedup");
+    std::printf(
+        "MODEL, not a measurement: %g nodes x %g GPUs, bf16 gradients, compute = 6*P*4096 tokens "
+        "per GPU at\n"
+        "396 TFLOP/s (40%% of 990), %.0f%% of backward (2/3 of compute) available to hide "
+        "communication.\n\n"
+        "%-8s %-10s %12s %12s %12s %12s %9s\n",
+        nodes, gpus, overlap * 100, "params", "link", "compute ms", "bf16 step", "q4 step",
+        "q4 comm MB", "speedup");
   bool first = true;
   for (double p : params) {
     for (double gbps : links) {
@@ -326,17 +346,19 @@ int project_mode(const Args& a) {
       const double node_bytes_q4 = 2.0 * (nodes - 1) / nodes * p * (4.5 / 8.0);
       const double link = gbps * 1e9 / 8;
       const double hide = overlap * compute * 2.0 / 3.0;
-      const double codec = 3.0 * (p / gpus) * 8.0 / (codec_gbps * 1e9);  // bytes per element ~ 8 for each pass
+      const double codec =
+          3.0 * (p / gpus) * 8.0 / (codec_gbps * 1e9);  // bytes per element ~ 8 for each pass
       const double bf16_step = compute + std::max(0.0, node_bytes_bf16 / link - hide);
       const double q4_step = compute + std::max(0.0, node_bytes_q4 / link + codec - hide);
       if (a.json) {
-        std::printf("%s  {\"params\": %g, \"link_gbps\": %g, \"compute_s\": %.5f, \"bf16_step_s\": %.5f, "
-                    "\"q4_step_s\": %.5f, \"speedup\": %.3f, \"model\": true}",
-                    first ? "" : ",\n", p, gbps, compute, bf16_step, q4_step, bf16_step / q4_step);
+        std::printf(
+            "%s  {\"params\": %g, \"link_gbps\": %g, \"compute_s\": %.5f, \"bf16_step_s\": %.5f, "
+            "\"q4_step_s\": %.5f, \"speedup\": %.3f, \"model\": true}",
+            first ? "" : ",\n", p, gbps, compute, bf16_step, q4_step, bf16_step / q4_step);
         first = false;
       } else {
-        std::printf("%-8.2g %-6g Gb/s %12.1f %12.1f %12.1f %12.1f %8.2fx\n", p, gbps, compute * 1e3, bf16_step * 1e3,
-                    q4_step * 1e3, node_bytes_q4 / 1e6, bf16_step / q4_step);
+        std::printf("%-8.2g %-6g Gb/s %12.1f %12.1f %12.1f %12.1f %8.2fx\n", p, gbps, compute * 1e3,
+                    bf16_step * 1e3, q4_step * 1e3, node_bytes_q4 / 1e6, bf16_step / q4_step);
       }
     }
   }
@@ -349,14 +371,16 @@ int project_mode(const Args& a) {
 int collective_mode(const Args& a) {
 #if defined(GRADCOMP_HAVE_NCCL)
   int gpus = 0;
-  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) fail("collective mode needs CUDA GPUs; none found");
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1)
+    fail("collective mode needs CUDA GPUs; none found");
   const auto sizes = numbers(a, "--sizes", "1e6,1e7,1e8", 1, 2e9);
   const int reps = static_cast<int>(numbers(a, "--reps", "5", 1, 1000)[0]);
   std::vector<int> devs(gpus);
   for (int i = 0; i < gpus; ++i) devs[i] = i;
   std::vector<ncclComm_t> comms(gpus);
   GRADCOMP_NCCL_CHECK(ncclCommInitAll(comms.data(), gpus, devs.data()));
-  std::printf("%-10s %-14s %10s %10s %10s\n", "elements", "method", "time us", "algbw GB/s", "busbw GB/s");
+  std::printf("%-10s %-14s %10s %10s %10s\n", "elements", "method", "time us", "algbw GB/s",
+              "busbw GB/s");
   for (double s : sizes) {
     const int64_t n = static_cast<int64_t>(s);
     for (const char* method : {"nccl-fp32", "nccl-bf16", "gradcomp-q4"}) {
@@ -385,7 +409,8 @@ int collective_mode(const Args& a) {
             if (std::strcmp(method, "gradcomp-q4") == 0) {
               engine.allreduce(&seg, 1, DType::kFloat32, 0);
             } else {
-              GRADCOMP_NCCL_CHECK(ncclAllReduce(buf, buf, n, bf16 ? ncclBfloat16 : ncclFloat32, ncclSum, comms[g], stream));
+              GRADCOMP_NCCL_CHECK(ncclAllReduce(buf, buf, n, bf16 ? ncclBfloat16 : ncclFloat32,
+                                                ncclSum, comms[g], stream));
             }
             GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(stream));
             if (r > 0) t.push_back(seconds_since(t0));
@@ -398,8 +423,8 @@ int collective_mode(const Args& a) {
       for (auto& t : threads) t.join();
       const double time = *std::max_element(times.begin(), times.end());
       const double algbw = n * 4.0 / time / 1e9;  // fp32 gradient bytes averaged per second
-      std::printf("%-10lld %-14s %10.1f %10.2f %10.2f\n", static_cast<long long>(n), method, time * 1e6, algbw,
-                  algbw * 2.0 * (gpus - 1) / gpus);
+      std::printf("%-10lld %-14s %10.1f %10.2f %10.2f\n", static_cast<long long>(n), method,
+                  time * 1e6, algbw, algbw * 2.0 * (gpus - 1) / gpus);
     }
   }
   for (auto c : comms) ncclCommDestroy(c);

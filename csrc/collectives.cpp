@@ -1,4 +1,5 @@
-// Compressed allreduce algorithms (q4 two-phase and one-phase, top-k allgather) and the CPU backend.
+// Compressed allreduce algorithms (q4 two-phase and one-phase, top-k allgather) and the CPU
+// backend.
 #include "gradcomp/collectives.h"
 
 #include <algorithm>
@@ -20,8 +21,12 @@ class CpuBackend final : public Backend {
   void* allocate(size_t bytes) override { return ::operator new(bytes == 0 ? 1 : bytes); }
   void release(void* p) override { ::operator delete(p); }
   void fill_zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
-  void copy_to_host(void* host, const void* src, size_t bytes) override { std::memcpy(host, src, bytes); }
-  void copy_from_host(void* dst, const void* host, size_t bytes) override { std::memcpy(dst, host, bytes); }
+  void copy_to_host(void* host, const void* src, size_t bytes) override {
+    std::memcpy(host, src, bytes);
+  }
+  void copy_from_host(void* dst, const void* host, size_t bytes) override {
+    std::memcpy(dst, host, bytes);
+  }
   void q4_encode(const Q4EncodeParams& p) override { cpu::q4_encode(p, threads_); }
   void q4_decode(const Q4DecodeParams& p) override {
     Q4DecodeParams q = p;
@@ -73,7 +78,9 @@ class Buffer {
   size_t bytes_ = 0;
 };
 
-int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t div_up(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // Chunk c of a two-phase q4 bucket covers [c * size, min(numel, (c + 1) * size)).
 int64_t q4_chunk_size(int64_t numel, int world, int block) {
@@ -113,7 +120,8 @@ void CompressionConfig::validate() const {
                  "residual dtype must be float32 or bfloat16, got " << dtype_name(residual_dtype));
 }
 
-uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_t numel, int world) {
+uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_t numel,
+                                         int world) {
   const uint64_t others = static_cast<uint64_t>(world - 1);
   if (config.codec == Codec::kTopK) {
     return others * topk_payload_bytes(topk_capacity(numel, config.topk), config.topk.value_dtype);
@@ -132,8 +140,8 @@ struct CompressedAllreduce::Bucket {
   int64_t numel = 0;
   DType dtype = DType::kFloat32;
   bool layout_checked = false;
-  int current = 0;    // which residual buffer holds the committed residual
-  Buffer residual[2];  // whole bucket (q4 phase 1 / one-phase, top-k)
+  int current = 0;           // which residual buffer holds the committed residual
+  Buffer residual[2];        // whole bucket (q4 phase 1 / one-phase, top-k)
   Buffer chunk_residual[2];  // own chunk (q4 phase 2)
   Buffer send, recv, work, gathered, workspace;
   uint64_t slot_bytes = 0;
@@ -161,22 +169,25 @@ math::RngKey CompressedAllreduce::rng(const Bucket& b, uint32_t phase) const {
   return key;
 }
 
-CompressedAllreduce::Bucket& CompressedAllreduce::bucket_for(const Segment* segments, int num_segments,
-                                                             DType dtype, uint64_t bucket_id) {
+CompressedAllreduce::Bucket& CompressedAllreduce::bucket_for(const Segment* segments,
+                                                             int num_segments, DType dtype,
+                                                             uint64_t bucket_id) {
   int64_t numel = 0;
   for (int i = 0; i < num_segments; ++i) numel += segments[i].numel;
   auto it = buckets_.find(bucket_id);
   if (it != buckets_.end()) {
     Bucket& b = *it->second;
     GRADCOMP_CHECK(b.numel == numel && b.dtype == dtype,
-                   "bucket " << bucket_id << " on rank " << comm_.rank() << " changed from " << b.numel
-                             << " " << dtype_name(b.dtype) << " elements to " << numel << " "
-                             << dtype_name(dtype) << "; use a new bucket identity for a new layout");
+                   "bucket " << bucket_id << " on rank " << comm_.rank() << " changed from "
+                             << b.numel << " " << dtype_name(b.dtype) << " elements to " << numel
+                             << " " << dtype_name(dtype)
+                             << "; use a new bucket identity for a new layout");
     return b;
   }
   if (config_.codec == Codec::kTopK) {
-    GRADCOMP_CHECK(numel <= kTopKMaxNumel, "bucket " << bucket_id << " on rank " << comm_.rank() << " has "
-                                                     << numel << " elements; top-k allows at most 2^31 - 1");
+    GRADCOMP_CHECK(numel <= kTopKMaxNumel, "bucket " << bucket_id << " on rank " << comm_.rank()
+                                                     << " has " << numel
+                                                     << " elements; top-k allows at most 2^31 - 1");
   }
   auto b = std::make_unique<Bucket>();
   b->id = bucket_id;
@@ -202,7 +213,8 @@ CompressedAllreduce::Bucket& CompressedAllreduce::bucket_for(const Segment* segm
     b->slot_bytes = q4_payload_bytes(numel, config_.q4.block_size);
     b->send = Buffer(backend_, b->slot_bytes);
   } else {
-    b->slot_bytes = topk_payload_bytes(topk_capacity(numel, config_.topk), config_.topk.value_dtype);
+    b->slot_bytes =
+        topk_payload_bytes(topk_capacity(numel, config_.topk), config_.topk.value_dtype);
     b->send = Buffer(backend_, b->slot_bytes);
     const size_t ws = backend_.topk_workspace_bytes(numel);
     if (ws > 0) b->workspace = Buffer(backend_, ws);
@@ -213,9 +225,9 @@ CompressedAllreduce::Bucket& CompressedAllreduce::bucket_for(const Segment* segm
     auto r = from.find(bucket_id);
     if (r == from.end()) return;
     GRADCOMP_CHECK(to[0].get() != nullptr && r->second.size() == to[0].bytes(),
-                   "checkpoint " << what << " for bucket " << bucket_id << " on rank " << comm_.rank()
-                                 << " has " << r->second.size() << " bytes, the bucket needs "
-                                 << to[0].bytes());
+                   "checkpoint " << what << " for bucket " << bucket_id << " on rank "
+                                 << comm_.rank() << " has " << r->second.size()
+                                 << " bytes, the bucket needs " << to[0].bytes());
     backend_.copy_from_host(to[0].get(), r->second.data(), r->second.size());
     from.erase(r);
   };
@@ -236,8 +248,9 @@ void CompressedAllreduce::check_layout(const Bucket& b, uint64_t bucket_id) {
   mine.dtype = static_cast<uint8_t>(b.dtype);
   mine.algorithm = static_cast<uint8_t>(config_.q4_algorithm);
   mine.residual_dtype = static_cast<uint8_t>(config_.residual_dtype);
-  mine.param = config_.codec == Codec::kQ4 ? static_cast<uint32_t>(config_.q4.block_size)
-                                           : static_cast<uint32_t>(topk_capacity(b.numel, config_.topk));
+  mine.param = config_.codec == Codec::kQ4
+                   ? static_cast<uint32_t>(config_.q4.block_size)
+                   : static_cast<uint32_t>(topk_capacity(b.numel, config_.topk));
   mine.error_feedback = config_.error_feedback ? 1 : 0;
   const int world = comm_.world_size();
   std::vector<LayoutFingerprint> all(world);
@@ -250,10 +263,10 @@ void CompressedAllreduce::check_layout(const Bucket& b, uint64_t bucket_id) {
     GRADCOMP_CHECK(false, "layout mismatch at the first compressed step: rank 0 has bucket "
                               << all[0].bucket_id << " with " << all[0].numel << " elements (dtype "
                               << int(all[0].dtype) << ", codec " << int(all[0].codec) << ", param "
-                              << all[0].param << "), rank " << w << " has bucket " << all[w].bucket_id
-                              << " with " << all[w].numel << " elements (dtype " << int(all[w].dtype)
-                              << ", codec " << int(all[w].codec) << ", param " << all[w].param
-                              << "); every rank must build identical buckets");
+                              << all[0].param << "), rank " << w << " has bucket "
+                              << all[w].bucket_id << " with " << all[w].numel << " elements (dtype "
+                              << int(all[w].dtype) << ", codec " << int(all[w].codec) << ", param "
+                              << all[w].param << "); every rank must build identical buckets");
   }
 }
 
@@ -397,7 +410,8 @@ bool CompressedAllreduce::run_q4_one_phase(Bucket& b, const Segment* segments, i
   return !backend_.take_decode_status();
 }
 
-bool CompressedAllreduce::run_topk(Bucket& b, const Segment* segments, int num_segments, DType dtype) {
+bool CompressedAllreduce::run_topk(Bucket& b, const Segment* segments, int num_segments,
+                                   DType dtype) {
   const int world = comm_.world_size();
   const int64_t capacity = topk_capacity(b.numel, config_.topk);
   TopKEncodeParams e;
@@ -455,8 +469,9 @@ CompressionState CompressedAllreduce::state() const {
 }
 
 void CompressedAllreduce::load_state(const CompressionState& s) {
-  GRADCOMP_CHECK(s.seed == config_.seed, "checkpoint seed " << s.seed << " differs from the configured seed "
-                                                            << config_.seed << " on rank " << comm_.rank());
+  GRADCOMP_CHECK(s.seed == config_.seed, "checkpoint seed "
+                                             << s.seed << " differs from the configured seed "
+                                             << config_.seed << " on rank " << comm_.rank());
   step_ = s.step;
   buckets_.clear();
   pending_ = s;

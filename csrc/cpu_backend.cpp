@@ -64,8 +64,8 @@ class SegmentView {
   void for_runs(int64_t first, int64_t n, F&& f) const {
     if (n == 0) return;
     const Segment* end = segments_ + count_;
-    const Segment* s = std::upper_bound(segments_, end, first,
-                                        [](int64_t v, const Segment& seg) { return v < seg.offset; });
+    const Segment* s = std::upper_bound(
+        segments_, end, first, [](int64_t v, const Segment& seg) { return v < seg.offset; });
     GRADCOMP_CHECK(s != segments_, "element " << first << " lies before the first segment");
     --s;
     int64_t done = 0;
@@ -116,7 +116,8 @@ void write_header(uint8_t* payload, const PayloadHeader& h) {
   const uint64_t s0_end = math::kHeaderBytes + h.section0_bytes;
   const uint64_t s1 = math::section1_offset(h);
   std::memset(payload + s0_end, 0, s1 - s0_end);
-  std::memset(payload + s1 + h.section1_bytes, 0, math::payload_bytes_of(h) - s1 - h.section1_bytes);
+  std::memset(payload + s1 + h.section1_bytes, 0,
+              math::payload_bytes_of(h) - s1 - h.section1_bytes);
 }
 
 PayloadHeader read_header(const uint8_t* payload) {
@@ -134,11 +135,11 @@ void validate_payloads(const uint8_t* const* payloads, int num_payloads, uint64_
     GRADCOMP_CHECK(payload_bytes >= math::kHeaderBytes,
                    what << ": payload " << w << " has " << payload_bytes
                         << " bytes, fewer than the 64-byte header");
-    int status =
-        math::check_header(read_header(payloads[w]), codec, numel, param, value_dtype, payload_bytes);
+    int status = math::check_header(read_header(payloads[w]), codec, numel, param, value_dtype,
+                                    payload_bytes);
     GRADCOMP_CHECK(status == math::kHeaderOk,
-                   what << ": payload " << w << " (from rank " << w << ") rejected: "
-                        << header_status_message(status));
+                   what << ": payload " << w << " (from rank " << w
+                        << ") rejected: " << header_status_message(status));
   }
 }
 
@@ -152,7 +153,8 @@ uint32_t topk_sample_threshold(const uint32_t* keys, int64_t n, int64_t k) {
   std::vector<uint32_t> sample(static_cast<size_t>(samples));
   for (int64_t j = 0; j < samples; ++j) sample[j] = keys[math::topk_sample_index(j, n, samples)];
   const int64_t m = math::topk_sample_rank(k, n, samples);
-  std::nth_element(sample.begin(), sample.begin() + (m - 1), sample.end(), std::greater<uint32_t>());
+  std::nth_element(sample.begin(), sample.begin() + (m - 1), sample.end(),
+                   std::greater<uint32_t>());
   return sample[m - 1];
 }
 
@@ -198,11 +200,12 @@ void q4_encode(const Q4EncodeParams& p, int num_threads) {
     if (step > 0.0f && p.stochastic) {
       uint32_t r16[256];
       for (int i = 0; i < n; i += math::kRandomGroup) {
-        const math::Philox4 r =
-            math::q4_random_group(p.rng, static_cast<uint64_t>(p.begin + start + i) / math::kRandomGroup);
+        const math::Philox4 r = math::q4_random_group(
+            p.rng, static_cast<uint64_t>(p.begin + start + i) / math::kRandomGroup);
         for (int j = 0; j < math::kRandomGroup; ++j) r16[i + j] = math::random16(r, j);
       }
-      for (int i = 0; i < n; ++i) q[i] = math::q4_quantize_positive_step(acc[i], step, r16[i], true);
+      for (int i = 0; i < n; ++i)
+        q[i] = math::q4_quantize_positive_step(acc[i], step, r16[i], true);
     } else if (step > 0.0f) {
       for (int i = 0; i < n; ++i) q[i] = math::q4_quantize_positive_step(acc[i], step, 0, false);
     } else {
@@ -216,7 +219,8 @@ void q4_encode(const Q4EncodeParams& p, int num_threads) {
     if (p.residual_out != nullptr) {
       // A non-finite block keeps its old residual so one bad step cannot poison later ones.
       if (math::is_finite_bits(absmax)) {
-        for (int i = 0; i < n; ++i) dropped[i] = math::sub_rn(acc[i], math::mul_rn(static_cast<float>(q[i]), step));
+        for (int i = 0; i < n; ++i)
+          dropped[i] = math::sub_rn(acc[i], math::mul_rn(static_cast<float>(q[i]), step));
         store_floats(p.residual_out, start, n, p.residual_dtype, dropped);
       } else {
         store_floats(p.residual_out, start, n, p.residual_dtype, rin);
@@ -239,7 +243,8 @@ void q4_decode(const Q4DecodeParams& p, int num_threads) {
   bool nonfinite = false;
 
 #pragma omp parallel for num_threads(num_threads > 0 ? num_threads : 1) schedule(static) \
-    reduction(|| : nonfinite)
+    reduction(||                                                                         \
+              : nonfinite)
   for (int64_t b = 0; b < nblocks; ++b) {
     float sum[256] = {0.0f};
     const int64_t start = b * B;
@@ -269,11 +274,13 @@ uint64_t topk_encode(const TopKEncodeParams& p) {
   check_dtype(p.value_dtype, "top-k encode values");
   check_segments(p.segments, p.num_segments, p.begin, p.numel, "top-k encode");
   GRADCOMP_CHECK(p.numel <= kTopKMaxNumel,
-                 "top-k encode: bucket of " << p.numel
-                                            << " elements is too large (limit 2^31 - 1: indices are 32-bit)");
-  GRADCOMP_CHECK(p.k >= 0 && p.k <= p.numel, "top-k encode: k = " << p.k << " outside [0, " << p.numel << "]");
-  GRADCOMP_CHECK(p.capacity <= static_cast<uint64_t>(p.numel) && (!p.exact || p.capacity == p.k),
-                 "top-k encode: capacity " << p.capacity << " must be <= numel and equal k in exact mode");
+                 "top-k encode: bucket of "
+                     << p.numel << " elements is too large (limit 2^31 - 1: indices are 32-bit)");
+  GRADCOMP_CHECK(p.k >= 0 && p.k <= p.numel,
+                 "top-k encode: k = " << p.k << " outside [0, " << p.numel << "]");
+  GRADCOMP_CHECK(
+      p.capacity <= static_cast<uint64_t>(p.numel) && (!p.exact || p.capacity == p.k),
+      "top-k encode: capacity " << p.capacity << " must be <= numel and equal k in exact mode");
   GRADCOMP_CHECK(p.payload != nullptr, "top-k encode: payload is null");
   const int64_t n = p.numel;
   std::vector<float> acc(static_cast<size_t>(n));
@@ -299,7 +306,8 @@ uint64_t topk_encode(const TopKEncodeParams& p) {
         if ((keys[i] & mask) == prefix) ++hist[math::topk_digit(keys[i], pass)];
       }
       uint64_t above = 0;
-      const uint32_t digit = math::topk_choose_digit(hist.data(), math::topk_pass_bins(pass), remaining, &above);
+      const uint32_t digit =
+          math::topk_choose_digit(hist.data(), math::topk_pass_bins(pass), remaining, &above);
       remaining -= above;
       prefix |= digit << math::topk_pass_shift(pass);
     }
@@ -334,7 +342,8 @@ uint64_t topk_encode(const TopKEncodeParams& p) {
       written = pos + 1;
     }
     if (p.residual_out != nullptr) {
-      if (!math::is_finite_bits(keys[i])) residual = load_residual(p.residual_in, i, p.residual_dtype);
+      if (!math::is_finite_bits(keys[i]))
+        residual = load_residual(p.residual_in, i, p.residual_dtype);
       math::store_from_float(p.residual_out, i, p.residual_dtype, residual);
     }
   }
@@ -345,7 +354,8 @@ uint64_t topk_encode(const TopKEncodeParams& p) {
 void topk_decode(const TopKDecodeParams& p) {
   check_dtype(p.dtype, "top-k decode");
   check_segments(p.segments, p.num_segments, p.begin, p.numel, "top-k decode");
-  GRADCOMP_CHECK(p.numel <= kTopKMaxNumel, "top-k decode: bucket of " << p.numel << " elements is too large");
+  GRADCOMP_CHECK(p.numel <= kTopKMaxNumel,
+                 "top-k decode: bucket of " << p.numel << " elements is too large");
   validate_payloads(p.payloads, p.num_payloads, p.payload_bytes, math::kCodecTopK, p.numel,
                     p.capacity, p.value_dtype, "top-k decode");
   for (int w = 0; w < p.num_payloads; ++w) {
@@ -366,7 +376,8 @@ void topk_decode(const TopKDecodeParams& p) {
     const uint32_t* idx = reinterpret_cast<const uint32_t*>(p.payloads[w] + math::kHeaderBytes);
     const uint8_t* values = p.payloads[w] + math::section1_offset(h);
     for (uint64_t e = 0; e < h.count; ++e) {
-      sum[idx[e]] = math::add_rn(sum[idx[e]], math::load_as_float(values, static_cast<int64_t>(e), p.value_dtype));
+      sum[idx[e]] = math::add_rn(
+          sum[idx[e]], math::load_as_float(values, static_cast<int64_t>(e), p.value_dtype));
     }
   }
   bool nonfinite = false;

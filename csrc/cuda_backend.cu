@@ -25,20 +25,24 @@ namespace {
 void check_q4(const Q4EncodeParams& p) {
   Q4Options{static_cast<int>(p.block_size)}.validate();
   GRADCOMP_CHECK(p.numel >= 0 && p.begin % p.block_size == 0,
-                 "q4 encode: range start " << p.begin << " must be a multiple of the block size " << p.block_size);
+                 "q4 encode: range start " << p.begin << " must be a multiple of the block size "
+                                           << p.block_size);
   GRADCOMP_CHECK(p.payload != nullptr, "q4 encode: payload is null");
 }
 
-void check_segments(const Segment* segs, int count, int64_t begin, int64_t numel, const char* what) {
+void check_segments(const Segment* segs, int count, int64_t begin, int64_t numel,
+                    const char* what) {
   GRADCOMP_CHECK(count >= 1 && segs != nullptr, what << ": no segments");
   int64_t expect = segs[0].offset;
   for (int i = 0; i < count; ++i) {
-    GRADCOMP_CHECK(segs[i].offset == expect && segs[i].numel >= 0 && (segs[i].numel == 0 || segs[i].data),
-                   what << ": segment " << i << " is not contiguous with the previous one or has no data");
+    GRADCOMP_CHECK(
+        segs[i].offset == expect && segs[i].numel >= 0 && (segs[i].numel == 0 || segs[i].data),
+        what << ": segment " << i << " is not contiguous with the previous one or has no data");
     expect += segs[i].numel;
   }
-  GRADCOMP_CHECK(numel == 0 || (begin >= segs[0].offset && begin + numel <= expect),
-                 what << ": range [" << begin << ", " << begin + numel << ") is outside the segments");
+  GRADCOMP_CHECK(
+      numel == 0 || (begin >= segs[0].offset && begin + numel <= expect),
+      what << ": range [" << begin << ", " << begin + numel << ") is outside the segments");
 }
 
 class CudaBackend final : public Backend {
@@ -69,7 +73,9 @@ class CudaBackend final : public Backend {
     GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     GRADCOMP_CUDA_CHECK(cudaFree(p));
   }
-  void fill_zero(void* p, size_t bytes) override { GRADCOMP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_)); }
+  void fill_zero(void* p, size_t bytes) override {
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+  }
   void copy_to_host(void* host, const void* src, size_t bytes) override {
     GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_));
     GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -97,8 +103,9 @@ class CudaBackend final : public Backend {
   }
   void topk_encode(const TopKEncodeParams& p) override {
     check_segments(p.segments, p.num_segments, p.begin, p.numel, "top-k encode");
-    GRADCOMP_CHECK(p.numel <= kTopKMaxNumel, "top-k encode: bucket of " << p.numel
-                                                 << " elements is too large (limit 2^31 - 1: indices are 32-bit)");
+    GRADCOMP_CHECK(p.numel <= kTopKMaxNumel,
+                   "top-k encode: bucket of "
+                       << p.numel << " elements is too large (limit 2^31 - 1: indices are 32-bit)");
     GRADCOMP_CHECK(p.k >= 0 && p.k <= p.numel && p.capacity <= static_cast<uint64_t>(p.numel) &&
                        (!p.exact || p.capacity == p.k),
                    "top-k encode: k " << p.k << " or capacity " << p.capacity << " out of range");
@@ -109,7 +116,8 @@ class CudaBackend final : public Backend {
   }
   void topk_decode(const TopKDecodeParams& p) override {
     check_segments(p.segments, p.num_segments, p.begin, p.numel, "top-k decode");
-    GRADCOMP_CHECK(p.num_payloads >= 1 && p.workspace != nullptr, "top-k decode: no payloads or workspace");
+    GRADCOMP_CHECK(p.num_payloads >= 1 && p.workspace != nullptr,
+                   "top-k decode: no payloads or workspace");
     TopKDecodeParams d = p;
     stage_decode(d);
     GRADCOMP_CUDA_CHECK(kernels::run_topk_decode(d, stream_));
@@ -122,7 +130,8 @@ class CudaBackend final : public Backend {
   }
   bool take_decode_status() override {
     int32_t host[2];
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(host, flags_, sizeof host, cudaMemcpyDeviceToHost, stream_));
+    GRADCOMP_CUDA_CHECK(
+        cudaMemcpyAsync(host, flags_, sizeof host, cudaMemcpyDeviceToHost, stream_));
     GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_, 0, sizeof host, stream_));
     GRADCOMP_CHECK(host[0] == 0, "CUDA decode rejected a payload: "
@@ -137,7 +146,8 @@ class CudaBackend final : public Backend {
   // Decoders report a rejected payload at once, so the caller can name the call that failed.
   void check_status(const char* what) {
     int32_t status = 0;
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&status, flags_, sizeof status, cudaMemcpyDeviceToHost, stream_));
+    GRADCOMP_CUDA_CHECK(
+        cudaMemcpyAsync(&status, flags_, sizeof status, cudaMemcpyDeviceToHost, stream_));
     GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (status != 0) {
       GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_, 0, sizeof status, stream_));
@@ -169,7 +179,8 @@ class CudaBackend final : public Backend {
     std::vector<char> host(seg_bytes + sizeof(void*) * d.num_payloads);
     std::memcpy(host.data(), d.segments, sizeof(Segment) * d.num_segments);
     std::memcpy(host.data() + seg_bytes, d.payloads, sizeof(void*) * d.num_payloads);
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(table, host.data(), host.size(), cudaMemcpyHostToDevice, stream_));
+    GRADCOMP_CUDA_CHECK(
+        cudaMemcpyAsync(table, host.data(), host.size(), cudaMemcpyHostToDevice, stream_));
     d.segments = reinterpret_cast<const Segment*>(table);
     d.payloads = reinterpret_cast<const uint8_t* const*>(table + seg_bytes);
     d.status = flags_;
@@ -178,7 +189,8 @@ class CudaBackend final : public Backend {
 
   const Segment* stage_segments(const Segment* segs, int count) {
     char* table = reserve(sizeof(Segment) * count);
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(table, segs, sizeof(Segment) * count, cudaMemcpyHostToDevice, stream_));
+    GRADCOMP_CUDA_CHECK(
+        cudaMemcpyAsync(table, segs, sizeof(Segment) * count, cudaMemcpyHostToDevice, stream_));
     return reinterpret_cast<const Segment*>(table);
   }
 

@@ -37,8 +37,9 @@ void Q4Options::validate() const {
 void TopKOptions::validate() const {
   GRADCOMP_CHECK(std::isfinite(ratio) && ratio > 0.0 && ratio <= 1.0,
                  "TopK ratio must be in (0, 1], got " << ratio);
-  GRADCOMP_CHECK(std::isfinite(capacity_factor) && capacity_factor >= 1.0 && capacity_factor <= 16.0,
-                 "TopK capacity_factor must be in [1, 16], got " << capacity_factor);
+  GRADCOMP_CHECK(
+      std::isfinite(capacity_factor) && capacity_factor >= 1.0 && capacity_factor <= 16.0,
+      "TopK capacity_factor must be in [1, 16], got " << capacity_factor);
   GRADCOMP_CHECK(value_dtype == DType::kFloat32 || value_dtype == DType::kFloat16 ||
                      value_dtype == DType::kBFloat16,
                  "TopK value_dtype must be float32, float16 or bfloat16");

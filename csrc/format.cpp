@@ -17,9 +17,9 @@ uint64_t q4_payload_bytes(int64_t numel, int block_size) {
 uint64_t topk_payload_bytes(int64_t capacity, DType value_dtype) {
   GRADCOMP_CHECK(capacity >= 0 && capacity <= kTopKMaxNumel,
                  "top-k capacity must be in [0, 2^31), got " << capacity);
-  return math::payload_bytes_of(math::make_topk_header(
-      static_cast<uint64_t>(capacity), static_cast<uint32_t>(capacity), 0, 0,
-      static_cast<uint8_t>(value_dtype)));
+  return math::payload_bytes_of(math::make_topk_header(static_cast<uint64_t>(capacity),
+                                                       static_cast<uint32_t>(capacity), 0, 0,
+                                                       static_cast<uint8_t>(value_dtype)));
 }
 
 const char* header_status_message(int status) {
@@ -52,7 +52,8 @@ PayloadInfo inspect_payload(const uint8_t* payload, uint64_t size) {
                  "payload of " << size << " bytes is shorter than the 64-byte header");
   math::PayloadHeader h;
   std::memcpy(&h, payload, sizeof h);
-  GRADCOMP_CHECK(h.magic == math::kPayloadMagic, "payload: " << header_status_message(math::kHeaderBadMagic));
+  GRADCOMP_CHECK(h.magic == math::kPayloadMagic,
+                 "payload: " << header_status_message(math::kHeaderBadMagic));
   GRADCOMP_CHECK(h.version == math::kFormatVersion,
                  "payload: version " << h.version << " is not supported (expected 1)");
   GRADCOMP_CHECK(h.checksum == math::header_checksum(h),
@@ -64,7 +65,8 @@ PayloadInfo inspect_payload(const uint8_t* payload, uint64_t size) {
   if (h.codec == math::kCodecQ4) {
     GRADCOMP_CHECK(h.param >= 16 && h.param <= 256 && (h.param & (h.param - 1)) == 0,
                    "payload: q4 block size " << h.param << " is invalid");
-    GRADCOMP_CHECK(h.numel < (uint64_t{1} << 62), "payload: element count " << h.numel << " is invalid");
+    GRADCOMP_CHECK(h.numel < (uint64_t{1} << 62),
+                   "payload: element count " << h.numel << " is invalid");
   } else {
     GRADCOMP_CHECK(h.numel <= static_cast<uint64_t>(kTopKMaxNumel),
                    "payload: top-k element count " << h.numel << " is invalid");

@@ -79,7 +79,8 @@ class InProcessCommunicator final : public Communicator {
     for (int w = 0; w < s.world; ++w) {
       const char* src = static_cast<const char*>(s.send[w]);
       if (op == kAllToAll) src += bytes * static_cast<size_t>(rank_);
-      if (bytes > 0) std::memcpy(static_cast<char*>(recv) + bytes * static_cast<size_t>(w), src, bytes);
+      if (bytes > 0)
+        std::memcpy(static_cast<char*>(recv) + bytes * static_cast<size_t>(w), src, bytes);
     }
     bytes_sent_ += bytes * static_cast<uint64_t>(s.world - 1);
     // Nobody may reuse its send buffer before every rank has copied out of it.
@@ -95,7 +96,8 @@ class InProcessCommunicator final : public Communicator {
 InProcessGroup::InProcessGroup(int world_size, double timeout_seconds) {
   GRADCOMP_CHECK(world_size >= 1, "in-process group needs world_size >= 1, got " << world_size);
   shared_ = std::make_shared<Shared>(world_size, timeout_seconds);
-  for (int r = 0; r < world_size; ++r) comms_.push_back(std::make_unique<InProcessCommunicator>(shared_, r));
+  for (int r = 0; r < world_size; ++r)
+    comms_.push_back(std::make_unique<InProcessCommunicator>(shared_, r));
 }
 
 InProcessGroup::~InProcessGroup() = default;
@@ -105,6 +107,8 @@ Communicator& InProcessGroup::communicator(int rank) {
   return *comms_[rank];
 }
 
-int InProcessGroup::world_size() const { return shared_->world; }
+int InProcessGroup::world_size() const {
+  return shared_->world;
+}
 
 }  // namespace gradcomp

@@ -3,7 +3,8 @@
 
 namespace gradcomp {
 
-NcclCommunicator::NcclCommunicator(ncclComm_t comm, cudaStream_t stream) : comm_(comm), stream_(stream) {
+NcclCommunicator::NcclCommunicator(ncclComm_t comm, cudaStream_t stream)
+    : comm_(comm), stream_(stream) {
   GRADCOMP_CHECK(comm != nullptr, "NcclCommunicator: null communicator");
   GRADCOMP_NCCL_CHECK(ncclCommUserRank(comm, &rank_));
   GRADCOMP_NCCL_CHECK(ncclCommCount(comm, &world_));

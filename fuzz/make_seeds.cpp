@@ -32,9 +32,11 @@ int main(int argc, char** argv) {
     e.block_size = 16;
     e.payload = q.data();
     cpu::q4_encode(e);
-    // Control bytes: even first byte (q4), one payload, size selector, dtype; block 16 = data[2] % 5 == 0.
+    // Control bytes: even first byte (q4), one payload, size selector, dtype; block 16 = data[2] %
+    // 5 == 0.
     write(dir + "/q4_" + std::to_string(sel), {0, 0, static_cast<uint8_t>(sel), 0}, q);
-    const uint8_t cap_sel = static_cast<uint8_t>(1 | ((sel % numel) << 1));  // odd: top-k, value f32
+    const uint8_t cap_sel =
+        static_cast<uint8_t>(1 | ((sel % numel) << 1));  // odd: top-k, value f32
     const int64_t cap = 1 + cap_sel % numel;
     std::vector<uint8_t> t(topk_payload_bytes(cap, DType::kFloat32));
     TopKEncodeParams te;

@@ -22,15 +22,17 @@ __device__ __forceinline__ int find_segment(const Segment* segs, int count, int6
   int lo = 0, hi = count - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
-    if (segs[mid].offset <= e) lo = mid;
-    else hi = mid - 1;
+    if (segs[mid].offset <= e)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }
 
 // Loads up to kGroup elements [e, e + n) of the flattened segments as fp32 (the rest read 0).
-__device__ __forceinline__ void load_group(const Segment* segs, int count, uint8_t dtype, int64_t e, int n,
-                                           float (&v)[kGroup]) {
+__device__ __forceinline__ void load_group(const Segment* segs, int count, uint8_t dtype, int64_t e,
+                                           int n, float (&v)[kGroup]) {
   int s = find_segment(segs, count, e);
   const Segment seg = segs[s];
   const int64_t local = e - seg.offset;
@@ -41,16 +43,24 @@ __device__ __forceinline__ void load_group(const Segment* segs, int count, uint8
       if (dtype == math::kDtypeF32) {
         const float4 a = reinterpret_cast<const float4*>(base)[0];
         const float4 b = reinterpret_cast<const float4*>(base)[1];
-        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+        v[0] = a.x;
+        v[1] = a.y;
+        v[2] = a.z;
+        v[3] = a.w;
+        v[4] = b.x;
+        v[5] = b.y;
+        v[6] = b.z;
+        v[7] = b.w;
       } else {
         const uint4 a = reinterpret_cast<const uint4*>(base)[0];
         const uint32_t w[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const uint16_t lo = static_cast<uint16_t>(w[j] & 0xFFFFu), hi = static_cast<uint16_t>(w[j] >> 16);
+          const uint16_t lo = static_cast<uint16_t>(w[j] & 0xFFFFu),
+                         hi = static_cast<uint16_t>(w[j] >> 16);
           v[2 * j] = dtype == math::kDtypeF16 ? math::half_to_float(lo) : math::bf16_to_float(lo);
-          v[2 * j + 1] = dtype == math::kDtypeF16 ? math::half_to_float(hi) : math::bf16_to_float(hi);
+          v[2 * j + 1] =
+              dtype == math::kDtypeF16 ? math::half_to_float(hi) : math::bf16_to_float(hi);
         }
       }
       return;
@@ -71,8 +81,8 @@ __device__ __forceinline__ void load_group(const Segment* segs, int count, uint8
 }
 
 // Stores n <= kGroup fp32 values to elements [e, e + n) of the flattened segments.
-__device__ __forceinline__ void store_group(const Segment* segs, int count, uint8_t dtype, int64_t e, int n,
-                                            const float (&v)[kGroup]) {
+__device__ __forceinline__ void store_group(const Segment* segs, int count, uint8_t dtype,
+                                            int64_t e, int n, const float (&v)[kGroup]) {
   int s = find_segment(segs, count, e);
 #pragma unroll
   for (int j = 0; j < kGroup; ++j) {

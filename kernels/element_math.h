@@ -69,7 +69,9 @@ GRADCOMP_HD float bits_float(uint32_t u) {
 #endif
 }
 
-GRADCOMP_HD bool is_finite_bits(uint32_t bits) { return (bits & 0x7F800000u) != 0x7F800000u; }
+GRADCOMP_HD bool is_finite_bits(uint32_t bits) {
+  return (bits & 0x7F800000u) != 0x7F800000u;
+}
 
 // ---- 16-bit float conversions (round to nearest even), written out so both sides agree ----
 
@@ -95,8 +97,8 @@ GRADCOMP_HD uint16_t float_to_half(float f) {
     return (uint16_t)(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u | ((ax >> 13) & 0x3FFu) : 0u));
   }
   if (ax >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);  // rounds to >= 65520: overflow
-  if (ax < 0x38800000u) {                                      // below the smallest normal half
-    if (ax < 0x33000000u) return (uint16_t)sign;               // below half of smallest subnormal
+  if (ax < 0x38800000u) {                                    // below the smallest normal half
+    if (ax < 0x33000000u) return (uint16_t)sign;             // below half of smallest subnormal
     uint32_t e = ax >> 23;
     uint32_t m = (ax & 0x7FFFFFu) | 0x800000u;
     uint32_t shift = 126u - e;  // 14..24 for this range
@@ -112,7 +114,9 @@ GRADCOMP_HD uint16_t float_to_half(float f) {
   return (uint16_t)(sign | r);
 }
 
-GRADCOMP_HD float bf16_to_float(uint16_t b) { return bits_float((uint32_t)b << 16); }
+GRADCOMP_HD float bf16_to_float(uint16_t b) {
+  return bits_float((uint32_t)b << 16);
+}
 
 GRADCOMP_HD uint16_t float_to_bf16(float f) {
   uint32_t x = float_bits(f);
@@ -205,10 +209,12 @@ GRADCOMP_HD uint32_t random16(const Philox4& r, int lane) {
 
 // ---- q4: 4-bit block quantization ----
 
-constexpr int kQ4MaxCode = 7;     // codes q in [-7, 7], stored as nibble q + 8
+constexpr int kQ4MaxCode = 7;  // codes q in [-7, 7], stored as nibble q + 8
 constexpr uint8_t kQ4ZeroNibble = 8;
 
-GRADCOMP_HD uint32_t abs_bits(float x) { return float_bits(x) & 0x7FFFFFFFu; }
+GRADCOMP_HD uint32_t abs_bits(float x) {
+  return float_bits(x) & 0x7FFFFFFFu;
+}
 
 // Step d of a block from the bit pattern of its largest |x| (integer max over abs bits orders
 // finite values, then Inf, then NaN, so a non-finite element always wins). d has at most 21
@@ -232,7 +238,8 @@ GRADCOMP_HD int q4_quantize_positive_step(float x, float step, uint32_t rand16, 
   const float fl = tr > t ? sub_rn(tr, 1.0f) : tr;
   const float frac = sub_rn(t, fl);
   const int q = (int)fl;
-  const float bar = stochastic ? mul_rn((float)rand16, 1.0f / 65536.0f) : ((q & 1) ? 0x1.fffffep-2f : 0.5f);
+  const float bar =
+      stochastic ? mul_rn((float)rand16, 1.0f / 65536.0f) : ((q & 1) ? 0x1.fffffep-2f : 0.5f);
   const int up = (int)(bar < frac);
   const int r = q + up;
   return r > kQ4MaxCode ? kQ4MaxCode : r;
@@ -250,12 +257,18 @@ GRADCOMP_HD float q4_dequantize(uint32_t nibble, float step) {
 // ---- top-k: keys and radix passes ----
 
 // Key monotone in |x| for every float; NaN orders above Inf so non-finite values are selected.
-GRADCOMP_HD uint32_t topk_key(float x) { return abs_bits(x); }
+GRADCOMP_HD uint32_t topk_key(float x) {
+  return abs_bits(x);
+}
 
 // Digits of the 31 key bits, most significant first: 11 + 11 + 9 bits.
 constexpr int kTopKPasses = 3;
-GRADCOMP_HD int topk_pass_shift(int pass) { return pass == 0 ? 20 : (pass == 1 ? 9 : 0); }
-GRADCOMP_HD int topk_pass_bins(int pass) { return pass == 2 ? 512 : 2048; }
+GRADCOMP_HD int topk_pass_shift(int pass) {
+  return pass == 0 ? 20 : (pass == 1 ? 9 : 0);
+}
+GRADCOMP_HD int topk_pass_bins(int pass) {
+  return pass == 2 ? 512 : 2048;
+}
 GRADCOMP_HD uint32_t topk_pass_mask_above(int pass) {
   // Bits of the key already fixed before `pass`.
   return pass == 0 ? 0u : (pass == 1 ? 0x7FF00000u : 0x7FFFFE00u);
@@ -291,8 +304,12 @@ GRADCOMP_HD float topk_value_round(float acc, uint8_t value_dtype) {
 
 // Approximate mode: the threshold is the m-th largest key of an evenly strided sample.
 constexpr int64_t kTopKSampleMax = 4096;
-GRADCOMP_HD int64_t topk_sample_size(int64_t n) { return n < kTopKSampleMax ? n : kTopKSampleMax; }
-GRADCOMP_HD int64_t topk_sample_index(int64_t j, int64_t n, int64_t samples) { return j * n / samples; }
+GRADCOMP_HD int64_t topk_sample_size(int64_t n) {
+  return n < kTopKSampleMax ? n : kTopKSampleMax;
+}
+GRADCOMP_HD int64_t topk_sample_index(int64_t j, int64_t n, int64_t samples) {
+  return j * n / samples;
+}
 GRADCOMP_HD int64_t topk_sample_rank(int64_t k, int64_t n, int64_t samples) {
   int64_t m = (k * samples + n - 1) / n;
   return m < 1 ? 1 : (m > samples ? samples : m);
@@ -325,7 +342,9 @@ struct PayloadHeader {
   uint32_t checksum;  // FNV-1a of the 60 bytes before it
 };
 
-GRADCOMP_HD uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+GRADCOMP_HD uint64_t align_up(uint64_t x, uint64_t a) {
+  return (x + a - 1) / a * a;
+}
 
 GRADCOMP_HD uint32_t header_checksum(const PayloadHeader& h) {
   const unsigned char* p = reinterpret_cast<const unsigned char*>(&h);
@@ -337,7 +356,9 @@ GRADCOMP_HD uint32_t header_checksum(const PayloadHeader& h) {
   return x;
 }
 
-GRADCOMP_HD uint64_t q4_num_blocks(uint64_t numel, uint32_t block) { return (numel + block - 1) / block; }
+GRADCOMP_HD uint64_t q4_num_blocks(uint64_t numel, uint32_t block) {
+  return (numel + block - 1) / block;
+}
 
 GRADCOMP_HD PayloadHeader make_q4_header(uint64_t numel, uint32_t block, uint8_t dtype,
                                          bool stochastic) {
@@ -360,7 +381,9 @@ GRADCOMP_HD PayloadHeader make_q4_header(uint64_t numel, uint32_t block, uint8_t
   return h;
 }
 
-GRADCOMP_HD uint32_t value_dtype_bytes(uint8_t dtype) { return dtype == kDtypeF32 ? 4u : 2u; }
+GRADCOMP_HD uint32_t value_dtype_bytes(uint8_t dtype) {
+  return dtype == kDtypeF32 ? 4u : 2u;
+}
 
 GRADCOMP_HD PayloadHeader make_topk_header(uint64_t numel, uint32_t capacity, uint64_t count,
                                            uint8_t dtype, uint8_t value_dtype) {

@@ -48,8 +48,8 @@ struct Q4DecodeParams {
   uint8_t dtype = math::kDtypeF32;
   int64_t begin = 0;
   float divisor = 1.0f;
-  int32_t* status = nullptr;        // CUDA: device word receiving the first HeaderStatus seen
-  uint32_t* nonfinite = nullptr;    // optional: set non-zero when a decoded block is non-finite
+  int32_t* status = nullptr;      // CUDA: device word receiving the first HeaderStatus seen
+  uint32_t* nonfinite = nullptr;  // optional: set non-zero when a decoded block is non-finite
 };
 
 // Selects the top-k |input + residual| of elements [begin, begin + numel) into one payload.

@@ -9,10 +9,12 @@ namespace {
 constexpr int kThreads = 256;
 
 __device__ __forceinline__ uint64_t q4_codes_offset(uint64_t numel, uint32_t block) {
-  return math::kHeaderBytes + math::align_up(math::q4_num_blocks(numel, block) * 4, math::kSectionAlign);
+  return math::kHeaderBytes +
+         math::align_up(math::q4_num_blocks(numel, block) * 4, math::kSectionAlign);
 }
 
-__global__ void q4_header_kernel(uint8_t* payload, uint64_t numel, uint32_t block, uint8_t dtype, bool stochastic) {
+__global__ void q4_header_kernel(uint8_t* payload, uint64_t numel, uint32_t block, uint8_t dtype,
+                                 bool stochastic) {
   write_header(payload, math::make_q4_header(numel, block, dtype, stochastic));
 }
 
@@ -68,7 +70,8 @@ __global__ void __launch_bounds__(kThreads) q4_encode_kernel(const Q4EncodeParam
     if (n == kGroup) {
       reinterpret_cast<uint32_t*>(codes)[g] = packed;
     } else {
-      for (int b = 0; b < (n + 1) / 2; ++b) codes[first / 2 + b] = static_cast<uint8_t>(packed >> (8 * b));
+      for (int b = 0; b < (n + 1) / 2; ++b)
+        codes[first / 2 + b] = static_cast<uint8_t>(packed >> (8 * b));
     }
     if (p.residual_out != nullptr) {
       // A non-finite block keeps its old residual, as on the CPU.
@@ -85,8 +88,8 @@ __global__ void q4_validate_kernel(const Q4DecodeParams p) {
       continue;
     }
     const math::PayloadHeader h = read_header(p.payloads[w]);
-    set_status(p.status, math::check_header(h, math::kCodecQ4, p.numel, p.block_size, math::kDtypeF32,
-                                            p.payload_bytes));
+    set_status(p.status, math::check_header(h, math::kCodecQ4, p.numel, p.block_size,
+                                            math::kDtypeF32, p.payload_bytes));
   }
 }
 

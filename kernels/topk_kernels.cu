@@ -34,7 +34,9 @@ struct Workspace {
   uint64_t* tile_prefix;
 };
 
-__host__ __device__ inline int64_t num_tiles(int64_t numel) { return (numel + kTile - 1) / kTile; }
+__host__ __device__ inline int64_t num_tiles(int64_t numel) {
+  return (numel + kTile - 1) / kTile;
+}
 
 __host__ __device__ inline Workspace carve(void* base, int64_t numel) {
   char* p = static_cast<char*>(base);
@@ -73,7 +75,8 @@ __global__ void init_state_kernel(Workspace ws, int64_t k) {
   for (int i = 0; i < kHistBins; ++i) ws.hist[i] = 0;
 }
 
-__global__ void __launch_bounds__(kThreads) histogram_kernel(const TopKEncodeParams p, Workspace ws, int pass) {
+__global__ void __launch_bounds__(kThreads)
+    histogram_kernel(const TopKEncodeParams p, Workspace ws, int pass) {
   __shared__ uint32_t hist[kHistBins];
   for (int i = threadIdx.x; i < kHistBins; i += blockDim.x) hist[i] = 0;
   __syncthreads();
@@ -98,7 +101,8 @@ __global__ void __launch_bounds__(kThreads) histogram_kernel(const TopKEncodePar
 // Picks the digit holding the remaining-th largest key, as the CPU reference does.
 __global__ void choose_digit_kernel(Workspace ws, int pass) {
   uint64_t above = 0;
-  const uint32_t digit = math::topk_choose_digit(ws.hist, math::topk_pass_bins(pass), ws.state->remaining, &above);
+  const uint32_t digit =
+      math::topk_choose_digit(ws.hist, math::topk_pass_bins(pass), ws.state->remaining, &above);
   ws.state->remaining -= above;
   ws.state->prefix |= digit << math::topk_pass_shift(pass);
   for (int i = 0; i < kHistBins; ++i) ws.hist[i] = 0;
@@ -109,7 +113,8 @@ __global__ void choose_digit_kernel(Workspace ws, int pass) {
 }
 
 // Approximate mode: the m-th largest key of the strided sample, sorted in one block.
-__global__ void __launch_bounds__(kSampleThreads) sample_threshold_kernel(const TopKEncodeParams p, Workspace ws) {
+__global__ void __launch_bounds__(kSampleThreads)
+    sample_threshold_kernel(const TopKEncodeParams p, Workspace ws) {
   using Sort = cub::BlockRadixSort<uint32_t, kSampleThreads, kSampleItems>;
   __shared__ typename Sort::TempStorage temp;
   const int64_t samples = math::topk_sample_size(p.numel);
@@ -140,7 +145,8 @@ __device__ __forceinline__ uint64_t count_pair(uint32_t key, uint32_t threshold)
   return (key > threshold ? (uint64_t{1} << 32) : 0) + (key == threshold ? 1 : 0);
 }
 
-__global__ void __launch_bounds__(kThreads) tile_count_kernel(const TopKEncodeParams p, Workspace ws) {
+__global__ void __launch_bounds__(kThreads)
+    tile_count_kernel(const TopKEncodeParams p, Workspace ws) {
   using Reduce = cub::BlockReduce<uint64_t, kThreads>;
   __shared__ typename Reduce::TempStorage temp;
   const uint32_t threshold = ws.state->threshold;
@@ -174,8 +180,8 @@ __global__ void __launch_bounds__(1024) tile_scan_kernel(Workspace ws, int64_t t
 
 // Writes the selected entries in index order: position = (greater before) + min(equal before,
 // eq_limit), the same rule as the CPU reference.
-__global__ void __launch_bounds__(kThreads) tile_write_kernel(const TopKEncodeParams p, Workspace ws,
-                                                              uint64_t values_offset) {
+__global__ void __launch_bounds__(kThreads)
+    tile_write_kernel(const TopKEncodeParams p, Workspace ws, uint64_t values_offset) {
   using Scan = cub::BlockScan<uint64_t, kThreads>;
   __shared__ typename Scan::TempStorage temp;
   const uint32_t threshold = ws.state->threshold;
@@ -226,7 +232,8 @@ __global__ void topk_header_kernel(const TopKEncodeParams p, Workspace ws) {
     count = (total >> 32) + (eq < ws.state->eq_limit ? eq : ws.state->eq_limit);
     if (count > p.capacity) count = p.capacity;
   }
-  write_header(p.payload, math::make_topk_header(p.numel, p.capacity, count, p.dtype, p.value_dtype));
+  write_header(p.payload,
+               math::make_topk_header(p.numel, p.capacity, count, p.dtype, p.value_dtype));
 }
 
 __global__ void topk_validate_kernel(const TopKDecodeParams p) {
@@ -236,7 +243,8 @@ __global__ void topk_validate_kernel(const TopKDecodeParams p) {
     return;
   }
   const math::PayloadHeader h = read_header(p.payloads[w]);
-  const int code = math::check_header(h, math::kCodecTopK, p.numel, p.capacity, p.value_dtype, p.payload_bytes);
+  const int code =
+      math::check_header(h, math::kCodecTopK, p.numel, p.capacity, p.value_dtype, p.payload_bytes);
   if (code != 0) {
     set_status(p.status, code);
     return;
@@ -259,7 +267,8 @@ __global__ void topk_scatter_kernel(const TopKDecodeParams p, int w) {
   for (uint64_t e = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < h.count;
        e += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
     const uint32_t i = idx[e];
-    sums[i] = math::add_rn(sums[i], math::load_as_float(values, static_cast<int64_t>(e), p.value_dtype));
+    sums[i] =
+        math::add_rn(sums[i], math::load_as_float(values, static_cast<int64_t>(e), p.value_dtype));
   }
 }
 
@@ -286,7 +295,8 @@ __global__ void __launch_bounds__(kThreads) topk_finish_kernel(const TopKDecodeP
 }  // namespace
 
 size_t topk_workspace_bytes(int64_t numel) {
-  return kHistBins * 4 + 64 + 2 * sizeof(uint64_t) * static_cast<size_t>(num_tiles(numel > 0 ? numel : 1));
+  return kHistBins * 4 + 64 +
+         2 * sizeof(uint64_t) * static_cast<size_t>(num_tiles(numel > 0 ? numel : 1));
 }
 
 cudaError_t run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream) {
@@ -295,7 +305,8 @@ cudaError_t run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream) {
       (p.exact && p.capacity != p.k) || (p.numel > 0 && p.k == 0)) {
     return cudaErrorInvalidValue;
   }
-  const math::PayloadHeader h = math::make_topk_header(p.numel, p.capacity, 0, p.dtype, p.value_dtype);
+  const math::PayloadHeader h =
+      math::make_topk_header(p.numel, p.capacity, 0, p.dtype, p.value_dtype);
   cudaError_t err = cudaMemsetAsync(p.payload, 0, math::payload_bytes_of(h), stream);
   if (err != cudaSuccess) return err;
   const Workspace ws = carve(p.workspace, p.numel);
@@ -319,7 +330,8 @@ cudaError_t run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream) {
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
     tile_scan_kernel<<<1, 1024, 0, stream>>>(ws, tiles);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
-    tile_write_kernel<<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p, ws, math::section1_offset(h));
+    tile_write_kernel<<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
+        p, ws, math::section1_offset(h));
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   topk_header_kernel<<<1, 1, 0, stream>>>(p, ws);
@@ -327,15 +339,18 @@ cudaError_t run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream) {
 }
 
 cudaError_t run_topk_decode(const TopKDecodeParams& p, cudaStream_t stream) {
-  if (p.num_payloads < 1 || p.payloads == nullptr || p.status == nullptr || p.workspace == nullptr ||
-      p.numel < 0 || p.numel > 0x7FFFFFFF) {
+  if (p.num_payloads < 1 || p.payloads == nullptr || p.status == nullptr ||
+      p.workspace == nullptr || p.numel < 0 || p.numel > 0x7FFFFFFF) {
     return cudaErrorInvalidValue;
   }
-  const dim3 grid(static_cast<unsigned>(grid_for(p.capacity, kThreads, 1024)), static_cast<unsigned>(p.num_payloads));
+  const dim3 grid(static_cast<unsigned>(grid_for(p.capacity, kThreads, 1024)),
+                  static_cast<unsigned>(p.num_payloads));
   topk_validate_kernel<<<grid, kThreads, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || p.numel == 0) return err;
-  if ((err = cudaMemsetAsync(p.workspace, 0, static_cast<size_t>(p.numel) * 4, stream)) != cudaSuccess) return err;
+  if ((err = cudaMemsetAsync(p.workspace, 0, static_cast<size_t>(p.numel) * 4, stream)) !=
+      cudaSuccess)
+    return err;
   // One launch per payload, in rank order: the fp32 sums then match the CPU's order exactly.
   for (int w = 0; w < p.num_payloads; ++w) {
     topk_scatter_kernel<<<grid_for(p.capacity, kThreads, 1024), kThreads, 0, stream>>>(p, w);

@@ -82,7 +82,9 @@ class Reference {
   }
 
  private:
-  int64_t cn(int c) const { return std::max<int64_t>(0, std::min(n_, (c + 1) * chunk_) - c * chunk_); }
+  int64_t cn(int c) const {
+    return std::max<int64_t>(0, std::min(n_, (c + 1) * chunk_) - c * chunk_);
+  }
 
   std::vector<uint8_t> encode(Segment seg, int64_t begin, int64_t numel, std::vector<float>& res,
                               math::RngKey key) {
@@ -125,7 +127,8 @@ class Reference {
     for (int w = 0; w < world_; ++w) {
       for (int c = 0; c < world_; ++c) {
         std::vector<float> r(res1_[w].begin() + c * chunk_, res1_[w].begin() + c * chunk_ + cn(c));
-        p1[w].push_back(encode(x[w].segment(), c * chunk_, cn(c), r, {c_.seed, step, bucket, (uint32_t)w, 0}));
+        p1[w].push_back(
+            encode(x[w].segment(), c * chunk_, cn(c), r, {c_.seed, step, bucket, (uint32_t)w, 0}));
         std::copy(r.begin(), r.end(), res1_[w].begin() + c * chunk_);
       }
     }
@@ -161,14 +164,16 @@ class Reference {
     std::vector<testing::TopKEncoded> enc;
     std::vector<const uint8_t*> ptrs;
     for (int w = 0; w < world_; ++w) {
-      enc.push_back(testing::topk_encode_tensor(x[w], k, cap, c_.topk.exact, c_.topk.value_dtype, res1_[w]));
+      enc.push_back(
+          testing::topk_encode_tensor(x[w], k, cap, c_.topk.exact, c_.topk.value_dtype, res1_[w]));
       res1_[w] = enc.back().residual;
     }
     for (auto& e : enc) ptrs.push_back(e.payload.data());
     HostTensor out(DType::kFloat32, n_);
     Segment seg = out.segment();
-    cpu::topk_decode(testing::topk_decode_params(ptrs, enc[0].payload.size(), n_, cap, c_.topk.value_dtype,
-                                                 &seg, DType::kFloat32, float(world_)));
+    cpu::topk_decode(testing::topk_decode_params(ptrs, enc[0].payload.size(), n_, cap,
+                                                 c_.topk.value_dtype, &seg, DType::kFloat32,
+                                                 float(world_)));
     return out.floats();
   }
 
@@ -195,10 +200,12 @@ TEST_P(CollectiveEquality, MatchesTheDecodeAndSumReferenceAndTheByteFormula) {
     for (uint32_t step = 0; step < 3; ++step) {
       std::vector<HostTensor> inputs;
       for (int r = 0; r < world; ++r)
-        inputs.push_back(HostTensor::from_floats(DType::kFloat32, testing::normal_floats(n, 1000 * step + r)));
+        inputs.push_back(
+            HostTensor::from_floats(DType::kFloat32, testing::normal_floats(n, 1000 * step + r)));
       std::vector<float> expect = ref.step(inputs, step, 7);
       run_ranks(group, [&](int rank, Communicator& comm) {
-        if (!engines[rank]) engines[rank] = std::make_unique<CompressedAllreduce>(comm, *backends[rank], v.config);
+        if (!engines[rank])
+          engines[rank] = std::make_unique<CompressedAllreduce>(comm, *backends[rank], v.config);
         engines[rank]->set_step(step);
         HostTensor x = inputs[rank];
         Segment seg = x.segment();
@@ -210,16 +217,18 @@ TEST_P(CollectiveEquality, MatchesTheDecodeAndSumReferenceAndTheByteFormula) {
       for (int r = 0; r < world; ++r) {
         for (int64_t i = 0; i < n; ++i)
           ASSERT_TRUE(testing::same_bits(results[r][i], expect[i]))
-              << v.name << " W=" << world << " n=" << n << " step " << step << " rank " << r << " element " << i
-              << ": " << results[r][i] << " vs " << expect[i];
-        if (step > 0) EXPECT_EQ(sent[r], compressed_allreduce_bytes_sent(v.config, n, world)) << v.name;
+              << v.name << " W=" << world << " n=" << n << " step " << step << " rank " << r
+              << " element " << i << ": " << results[r][i] << " vs " << expect[i];
+        if (step > 0)
+          EXPECT_EQ(sent[r], compressed_allreduce_bytes_sent(v.config, n, world)) << v.name;
       }
     }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, CollectiveEquality,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 8), ::testing::Range(0, 4)));
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 8),
+                                            ::testing::Range(0, 4)));
 
 TEST(Collectives, BytesFormulaIsAboutAnEighthOfFp32AtAnyWorldSize) {
   CompressionConfig c;
@@ -239,13 +248,16 @@ TEST(Collectives, LayoutMismatchNamesTheRanksInsteadOfHanging) {
   InProcessGroup group(3, 5.0);
   std::vector<std::string> errors;
   const auto start = std::chrono::steady_clock::now();
-  run_ranks(group, [&](int rank, Communicator& comm) {
-    auto backend = make_cpu_backend();
-    CompressedAllreduce engine(comm, *backend, CompressionConfig{});
-    HostTensor x(DType::kFloat32, rank == 2 ? 1064 : 1000);
-    Segment seg = x.segment();
-    engine.allreduce(&seg, 1, DType::kFloat32, 0);
-  }, &errors);
+  run_ranks(
+      group,
+      [&](int rank, Communicator& comm) {
+        auto backend = make_cpu_backend();
+        CompressedAllreduce engine(comm, *backend, CompressionConfig{});
+        HostTensor x(DType::kFloat32, rank == 2 ? 1064 : 1000);
+        Segment seg = x.segment();
+        engine.allreduce(&seg, 1, DType::kFloat32, 0);
+      },
+      &errors);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   ASSERT_EQ(errors.size(), 3u);
   for (auto& e : errors) {
@@ -276,7 +288,8 @@ TEST(Collectives, NonFiniteOnOneRankReachesEveryRankAndKeepsResiduals) {
       for (float f : x.floats()) bad |= !std::isfinite(f);
       any_nonfinite[rank] = bad;
       const CompressionState after = engine.state();
-      state_kept[rank] = after.residuals == before.residuals && after.chunk_residuals == before.chunk_residuals;
+      state_kept[rank] =
+          after.residuals == before.residuals && after.chunk_residuals == before.chunk_residuals;
     });
     for (int r = 0; r < 2; ++r) {
       EXPECT_FALSE(finite[r]) << v.name << " rank " << r;
@@ -292,7 +305,8 @@ TEST(Collectives, CheckpointResumeIsBitIdentical) {
     InProcessGroup group(world);
     std::vector<std::vector<float>> uninterrupted(world), resumed(world);
     auto input = [](int rank, uint32_t step) {
-      return HostTensor::from_floats(DType::kBFloat16, testing::normal_floats(700, 100 * step + rank));
+      return HostTensor::from_floats(DType::kBFloat16,
+                                     testing::normal_floats(700, 100 * step + rank));
     };
     run_ranks(group, [&](int rank, Communicator& comm) {
       auto backend = make_cpu_backend();
@@ -317,17 +331,21 @@ TEST(Collectives, CheckpointResumeIsBitIdentical) {
       }
       EXPECT_EQ(b.step(), 5u);
     });
-    for (int r = 0; r < world; ++r) EXPECT_EQ(uninterrupted[r], resumed[r]) << v.name << " rank " << r;
+    for (int r = 0; r < world; ++r)
+      EXPECT_EQ(uninterrupted[r], resumed[r]) << v.name << " rank " << r;
   }
 }
 
 TEST(Collectives, InProcessTransportRejectsUnequalSizes) {
   InProcessGroup group(2, 5.0);
   std::vector<std::string> errors;
-  run_ranks(group, [&](int rank, Communicator& comm) {
-    std::vector<uint8_t> send(rank == 0 ? 8 : 16), recv(64);
-    comm.all_gather(send.data(), recv.data(), send.size());
-  }, &errors);
+  run_ranks(
+      group,
+      [&](int rank, Communicator& comm) {
+        std::vector<uint8_t> send(rank == 0 ? 8 : 16), recv(64);
+        comm.all_gather(send.data(), recv.data(), send.size());
+      },
+      &errors);
   ASSERT_EQ(errors.size(), 2u);
   EXPECT_NE(errors[0].find("posted"), std::string::npos);
 }

@@ -22,7 +22,8 @@ TEST(Philox, MatchesRandom123KnownAnswers) {
   EXPECT_EQ(b.v[1], 0x41c83b0eu);
   EXPECT_EQ(b.v[2], 0xa20bc7c6u);
   EXPECT_EQ(b.v[3], 0x6d5451fdu);
-  Philox4 c = philox4x32_10(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u);
+  Philox4 c =
+      philox4x32_10(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u);
   EXPECT_EQ(c.v[0], 0xd16cfe09u);
   EXPECT_EQ(c.v[1], 0x94fdccebu);
   EXPECT_EQ(c.v[2], 0x5001e420u);
@@ -82,7 +83,8 @@ TEST(BFloat16Conversion, RoundsToNearestEvenAndKeepsNaN) {
   EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::infinity()), 0x7F80);
   EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::max()), 0x7F80);  // rounds up to Inf
   EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
-  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(bits_float(0x7F800001u)))));  // NaN never becomes Inf
+  EXPECT_TRUE(
+      std::isnan(bf16_to_float(float_to_bf16(bits_float(0x7F800001u)))));  // NaN never becomes Inf
   EXPECT_EQ(float_to_bf16(bits_float(0x00000001u)), 0x0000);
   for (uint32_t b = 0; b < 65536; ++b) {
     float f = bf16_to_float(static_cast<uint16_t>(b));
@@ -116,16 +118,16 @@ TEST(Q4Step, HasFewSignificantBitsAndCoversTheBlock) {
 TEST(Q4Quantize, NearestAndStochasticRules) {
   const float d = 0.5f;
   EXPECT_EQ(q4_quantize(1.0f, d, 0, false), 2);
-  EXPECT_EQ(q4_quantize(0.25f, d, 0, false), 0);   // tie to even
-  EXPECT_EQ(q4_quantize(0.75f, d, 0, false), 2);   // tie to even
+  EXPECT_EQ(q4_quantize(0.25f, d, 0, false), 0);  // tie to even
+  EXPECT_EQ(q4_quantize(0.75f, d, 0, false), 2);  // tie to even
   EXPECT_EQ(q4_quantize(-3.5f, d, 0, false), -7);
-  EXPECT_EQ(q4_quantize(10.0f, d, 0, false), 7);   // clamped
+  EXPECT_EQ(q4_quantize(10.0f, d, 0, false), 7);  // clamped
   // Stochastic: t = 0.25 rounds up iff u < 0.25.
   EXPECT_EQ(q4_quantize(0.125f, d, 16383, true), 1);
   EXPECT_EQ(q4_quantize(0.125f, d, 16384, true), 0);
   EXPECT_EQ(q4_quantize(-0.125f, d, 49151, true), 0);  // t = -0.25: floor -1, frac 0.75
   EXPECT_EQ(q4_quantize(-0.125f, d, 49152, true), -1);
-  EXPECT_EQ(q4_quantize(1.0f, d, 0, true), 2);          // on the grid: never moves
+  EXPECT_EQ(q4_quantize(1.0f, d, 0, true), 2);  // on the grid: never moves
   EXPECT_EQ(q4_quantize(1.0f, d, 65535, true), 2);
   EXPECT_EQ(q4_quantize(1.0f, 0.0f, 0, true), 0);
 }

@@ -84,7 +84,8 @@ TEST(Format, DecodersSurviveRandomCorruption) {
         d.num_segments = 1;
         cpu::q4_decode(d);
       } else {
-        cpu::topk_decode(testing::topk_decode_params(ptrs, bytes, 777, 30, DType::kFloat32, &seg, DType::kFloat32));
+        cpu::topk_decode(testing::topk_decode_params(ptrs, bytes, 777, 30, DType::kFloat32, &seg,
+                                                     DType::kFloat32));
       }
       ++accepted;
     } catch (const Error&) {

@@ -23,7 +23,8 @@ HostTensor grid_tensor(DType dtype, int64_t n, int block, uint32_t seed) {
     const float d = std::ldexp(1.0f + md(gen) / 8.0f, ed(gen));
     const int64_t start = b * block, end = std::min<int64_t>(n, start + block);
     const int64_t full = start + static_cast<int64_t>(gen() % (end - start));
-    for (int64_t i = start; i < end; ++i) t.set(i, (i == full ? (gen() & 1 ? 7 : -7) : qd(gen)) * d);
+    for (int64_t i = start; i < end; ++i)
+      t.set(i, (i == full ? (gen() & 1 ? 7 : -7) : qd(gen)) * d);
   }
   return t;
 }
@@ -129,8 +130,10 @@ TEST(Q4, NonFiniteBlockDecodesNonFiniteAndKeepsItsResidual) {
       for (int64_t i = 0; i < 256; ++i) {
         const bool in_bad_block = i / 64 == 1;
         EXPECT_EQ(std::isfinite(y.get(i)), !in_bad_block) << i;
-        if (in_bad_block) EXPECT_EQ(enc.residual[i], 0.25f) << i;
-        else EXPECT_TRUE(std::isfinite(enc.residual[i]));
+        if (in_bad_block)
+          EXPECT_EQ(enc.residual[i], 0.25f) << i;
+        else
+          EXPECT_TRUE(std::isfinite(enc.residual[i]));
       }
     }
   }
@@ -237,7 +240,8 @@ TEST(Q4, FusedSegmentsEqualFlattenThenEncode) {
     p.rng = {3, 1, 4, 1, 0};
     p.payload = fused.data();
     cpu::q4_encode(p);
-    for (size_t i = 0; i < fused.size(); ++i) ASSERT_EQ(fused[i], ref.payload[i]) << dtype_name(dtype) << " byte " << i;
+    for (size_t i = 0; i < fused.size(); ++i)
+      ASSERT_EQ(fused[i], ref.payload[i]) << dtype_name(dtype) << " byte " << i;
 
     // Decoding into the tensor list equals decoding into the flat buffer.
     std::vector<HostTensor> outs;
@@ -261,7 +265,8 @@ TEST(Q4, FusedSegmentsEqualFlattenThenEncode) {
     HostTensor flat_out = testing::q4_decode_payloads({&ref.payload}, off, 64, dtype);
     int64_t at = 0;
     for (auto& o : outs)
-      for (int64_t i = 0; i < o.numel; ++i, ++at) ASSERT_TRUE(testing::same_bits(o.get(i), flat_out.get(at)));
+      for (int64_t i = 0; i < o.numel; ++i, ++at)
+        ASSERT_TRUE(testing::same_bits(o.get(i), flat_out.get(at)));
   }
 }
 
@@ -271,7 +276,9 @@ TEST(Q4, DecodeSumsPayloadsInFp32AndDivides) {
   std::vector<HostTensor> inputs;
   for (int w = 0; w < 3; ++w) {
     inputs.push_back(HostTensor::from_floats(DType::kBFloat16, testing::normal_floats(n, 40 + w)));
-    payloads.push_back(testing::q4_encode_tensor(inputs.back(), 64, true, {1, 0, 0, static_cast<uint32_t>(w), 0}).payload);
+    payloads.push_back(
+        testing::q4_encode_tensor(inputs.back(), 64, true, {1, 0, 0, static_cast<uint32_t>(w), 0})
+            .payload);
   }
   HostTensor sum = testing::q4_decode_payloads({&payloads[0], &payloads[1], &payloads[2]}, n, 64,
                                                DType::kBFloat16, 3.0f);

@@ -44,7 +44,8 @@ TEST(TopK, ExactSelectsTheSameSetAsASort) {
       if (n == 0) continue;
       for (double ratio : {0.01, 0.1, 1.0}) {
         if (n > 100000 && ratio > 0.01) continue;
-        HostTensor x = HostTensor::from_floats(dtype, testing::normal_floats(n, static_cast<uint32_t>(n)));
+        HostTensor x =
+            HostTensor::from_floats(dtype, testing::normal_floats(n, static_cast<uint32_t>(n)));
         std::vector<float> r = testing::normal_floats(n, 99, 0.05f);
         const int64_t k = topk_k(n, ratio);
         auto enc = testing::topk_encode_tensor(x, k, k, true, DType::kFloat32, r);
@@ -56,9 +57,10 @@ TEST(TopK, ExactSelectsTheSameSetAsASort) {
         HostTensor out(DType::kFloat32, n);
         Segment seg = out.segment();
         std::vector<const uint8_t*> ptrs = {enc.payload.data()};
-        cpu::topk_decode(testing::topk_decode_params(ptrs, enc.payload.size(), n, k, DType::kFloat32, &seg,
-                                                     DType::kFloat32));
-        for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(testing::same_bits(out.get(i) + enc.residual[i], acc[i])) << i;
+        cpu::topk_decode(testing::topk_decode_params(ptrs, enc.payload.size(), n, k,
+                                                     DType::kFloat32, &seg, DType::kFloat32));
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_TRUE(testing::same_bits(out.get(i) + enc.residual[i], acc[i])) << i;
       }
     }
   }
@@ -87,7 +89,8 @@ TEST(TopK, Fp16ValuesFoldTheirRoundingIntoTheResidual) {
     HostTensor out(DType::kFloat32, 5000);
     Segment seg = out.segment();
     std::vector<const uint8_t*> ptrs = {enc.payload.data()};
-    cpu::topk_decode(testing::topk_decode_params(ptrs, enc.payload.size(), 5000, 50, vd, &seg, DType::kFloat32));
+    cpu::topk_decode(
+        testing::topk_decode_params(ptrs, enc.payload.size(), 5000, 50, vd, &seg, DType::kFloat32));
     for (int64_t i = 0; i < 5000; ++i) {
       ASSERT_TRUE(std::isfinite(out.get(i)));
       ASSERT_TRUE(testing::same_bits(out.get(i) + enc.residual[i], v[i])) << i;
@@ -115,8 +118,10 @@ TEST(TopK, ApproximateSelectsAboveASampledThresholdInIndexOrder) {
     size_t at = 0;
     for (uint32_t i = 0; i <= idx.back(); ++i) {
       const bool sel = at < idx.size() && idx[at] == i;
-      if (sel) ++at;
-      else ASSERT_LT(math::topk_key(v[i]), min_key) << i;
+      if (sel)
+        ++at;
+      else
+        ASSERT_LT(math::topk_key(v[i]), min_key) << i;
       ASSERT_TRUE(testing::same_bits(enc.residual[i], sel ? 0.0f : v[i]));
     }
   }
@@ -147,12 +152,14 @@ class TopKCorruption : public ::testing::Test {
     Segment seg = out.segment();
     std::vector<const uint8_t*> ptrs = {enc.payload.data(), payload.data()};
     try {
-      cpu::topk_decode(testing::topk_decode_params(ptrs, bytes, n, k, DType::kFloat32, &seg, DType::kFloat32));
+      cpu::topk_decode(
+          testing::topk_decode_params(ptrs, bytes, n, k, DType::kFloat32, &seg, DType::kFloat32));
       ADD_FAILURE() << "corrupted payload accepted";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out.get(i), 42.0f) << "output written before validation";
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(out.get(i), 42.0f) << "output written before validation";
   }
   void reseal(std::vector<uint8_t>& p) {
     math::PayloadHeader h;

@@ -19,14 +19,19 @@ struct HostTensor {
   std::vector<uint8_t> bytes;
 
   HostTensor() = default;
-  HostTensor(DType d, int64_t n) : dtype(d), numel(n), bytes(static_cast<size_t>(n) * dtype_size(d)) {}
+  HostTensor(DType d, int64_t n)
+      : dtype(d), numel(n), bytes(static_cast<size_t>(n) * dtype_size(d)) {}
   static HostTensor from_floats(DType d, const std::vector<float>& v) {
     HostTensor t(d, static_cast<int64_t>(v.size()));
     for (size_t i = 0; i < v.size(); ++i) t.set(static_cast<int64_t>(i), v[i]);
     return t;
   }
-  float get(int64_t i) const { return math::load_as_float(bytes.data(), i, static_cast<uint8_t>(dtype)); }
-  void set(int64_t i, float v) { math::store_from_float(bytes.data(), i, static_cast<uint8_t>(dtype), v); }
+  float get(int64_t i) const {
+    return math::load_as_float(bytes.data(), i, static_cast<uint8_t>(dtype));
+  }
+  void set(int64_t i, float v) {
+    math::store_from_float(bytes.data(), i, static_cast<uint8_t>(dtype), v);
+  }
   void* data() { return bytes.data(); }
   std::vector<float> floats() const {
     std::vector<float> out(static_cast<size_t>(numel));
@@ -36,7 +41,9 @@ struct HostTensor {
   Segment segment() { return Segment{bytes.data(), 0, numel}; }
 };
 
-inline uint8_t code(DType d) { return static_cast<uint8_t>(d); }
+inline uint8_t code(DType d) {
+  return static_cast<uint8_t>(d);
+}
 
 inline std::vector<float> normal_floats(int64_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 gen(seed);
@@ -76,8 +83,9 @@ inline Q4Encoded q4_encode_tensor(HostTensor& x, int block, bool stochastic, mat
   return out;
 }
 
-inline HostTensor q4_decode_payloads(const std::vector<const std::vector<uint8_t>*>& payloads, int64_t numel,
-                                     int block, DType out_dtype, float divisor = 1.0f) {
+inline HostTensor q4_decode_payloads(const std::vector<const std::vector<uint8_t>*>& payloads,
+                                     int64_t numel, int block, DType out_dtype,
+                                     float divisor = 1.0f) {
   HostTensor out(out_dtype, numel);
   Segment seg = out.segment();
   std::vector<const uint8_t*> ptrs;
@@ -154,7 +162,9 @@ inline TopKDecodeParams topk_decode_params(const std::vector<const uint8_t*>& pt
   return d;
 }
 
-inline bool same_bits(float a, float b) { return math::float_bits(a) == math::float_bits(b); }
+inline bool same_bits(float a, float b) {
+  return math::float_bits(a) == math::float_bits(b);
+}
 
 inline const std::vector<int64_t>& edge_lengths() {
   static const std::vector<int64_t> v = {0, 1, 13, 63, 64, 65, 255, 256, 257, 4099, (1 << 20) + 3};

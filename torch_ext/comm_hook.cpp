@@ -48,7 +48,8 @@ class ProcessGroupCommunicator final : public Communicator {
     std::vector<at::Tensor> tensors = {bucket};
     group_->allreduce(tensors)->wait();
     const int w = world_size();
-    bytes_sent_ += static_cast<uint64_t>(2.0 * (w - 1) / w * bucket.numel() * bucket.element_size());
+    bytes_sent_ +=
+        static_cast<uint64_t>(2.0 * (w - 1) / w * bucket.numel() * bucket.element_size());
     seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
@@ -56,7 +57,8 @@ class ProcessGroupCommunicator final : public Communicator {
 
  private:
   at::Tensor wrap(void* p, size_t bytes) {
-    return at::from_blob(p, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device_));
+    return at::from_blob(p, {static_cast<int64_t>(bytes)},
+                         at::TensorOptions().dtype(at::kByte).device(device_));
   }
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
@@ -99,7 +101,9 @@ HookCore::~HookCore() {
   worker_.join();
 }
 
-int HookCore::world_size() const { return group_->getSize(); }
+int HookCore::world_size() const {
+  return group_->getSize();
+}
 
 CompressedAllreduce& HookCore::engine_for(const at::Tensor& bucket) {
   const at::Device device = bucket.device();
@@ -107,8 +111,9 @@ CompressedAllreduce& HookCore::engine_for(const at::Tensor& bucket) {
     comm_ = std::make_unique<ProcessGroupCommunicator>(group_, device);
   }
   if (!engine_ && options_.compress) {
-    engine_ = call_core(
-        [&] { return std::make_unique<CompressedAllreduce>(*comm_, backend_for(bucket), options_.config); });
+    engine_ = call_core([&] {
+      return std::make_unique<CompressedAllreduce>(*comm_, backend_for(bucket), options_.config);
+    });
     if (pending_state_) {
       call_core([&] { engine_->load_state(*pending_state_); });
       pending_state_.reset();
@@ -117,7 +122,8 @@ CompressedAllreduce& HookCore::engine_for(const at::Tensor& bucket) {
   return *engine_;
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> HookCore::submit(at::Tensor bucket, int64_t index, uint64_t identity) {
+c10::intrusive_ptr<c10::ivalue::Future> HookCore::submit(at::Tensor bucket, int64_t index,
+                                                         uint64_t identity) {
   check_gradient_tensor(bucket, "DDP bucket");
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
   if (bucket.device().is_cuda()) {
@@ -190,7 +196,8 @@ void HookCore::reduce(at::Tensor bucket, int64_t index, uint64_t identity) {
   HookStats delta;
   delta.buckets = 1;
   delta.bytes_sent = comm_->bytes_sent() - sent0;
-  delta.uncompressed_bytes = static_cast<uint64_t>(2.0 * (w - 1) / w * bucket.numel() * bucket.element_size());
+  delta.uncompressed_bytes =
+      static_cast<uint64_t>(2.0 * (w - 1) / w * bucket.numel() * bucket.element_size());
   delta.comm_seconds = comm_->seconds() - comm0;
   delta.codec_seconds = total - delta.comm_seconds;
   delta.nonfinite_buckets = finite ? 0 : 1;

@@ -3,8 +3,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include <condition_variable>
 #include <deque>
@@ -12,6 +10,8 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <vector>
 
 #include "gradcomp/gradcomp.h"
@@ -50,7 +50,8 @@ class HookCore {
   ~HookCore();
 
   // Queues one bucket; the future completes with the averaged bucket (written in place).
-  c10::intrusive_ptr<c10::ivalue::Future> submit(at::Tensor bucket, int64_t index, uint64_t identity);
+  c10::intrusive_ptr<c10::ivalue::Future> submit(at::Tensor bucket, int64_t index,
+                                                 uint64_t identity);
   // Averages one bucket now, on the calling thread.
   void reduce(at::Tensor bucket, int64_t index, uint64_t identity);
 

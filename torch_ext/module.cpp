@@ -1,9 +1,9 @@
 // gradcomp._C: Python bindings for the hook core and the C++ hook install on DDP's reducer.
-#include <torch/csrc/distributed/c10d/reducer.hpp>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/extension.h>
 
 #include <cstring>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include "comm_hook.h"
 #include "tensor_params.h"
@@ -18,7 +18,8 @@ DType parse_dtype(const std::string& name, const char* what) {
   if (name == "float32") return DType::kFloat32;
   if (name == "float16") return DType::kFloat16;
   if (name == "bfloat16") return DType::kBFloat16;
-  GRADCOMP_TORCH_CHECK(false, what, " must be 'float32', 'float16' or 'bfloat16', got '", name, "'");
+  GRADCOMP_TORCH_CHECK(false, what, " must be 'float32', 'float16' or 'bfloat16', got '", name,
+                       "'");
 }
 
 HookOptions parse_options(const py::dict& d) {
@@ -32,8 +33,10 @@ HookOptions parse_options(const py::dict& d) {
   c.residual_dtype = parse_dtype(d["residual_dtype"].cast<std::string>(), "residual_dtype");
   if (codec == "q4") {
     c.q4.block_size = d["block_size"].cast<int>();
-    c.q4.rounding = d["rounding"].cast<std::string>() == "nearest" ? Rounding::kNearest : Rounding::kStochastic;
-    c.q4_algorithm = d["algorithm"].cast<std::string>() == "one_phase" ? Q4Algorithm::kOnePhase : Q4Algorithm::kTwoPhase;
+    c.q4.rounding =
+        d["rounding"].cast<std::string>() == "nearest" ? Rounding::kNearest : Rounding::kStochastic;
+    c.q4_algorithm = d["algorithm"].cast<std::string>() == "one_phase" ? Q4Algorithm::kOnePhase
+                                                                       : Q4Algorithm::kTwoPhase;
   } else if (codec == "topk") {
     c.topk.ratio = d["ratio"].cast<double>();
     c.topk.exact = d["exact"].cast<bool>();
@@ -69,7 +72,8 @@ std::map<uint64_t, std::vector<uint8_t>> residual_map(const py::dict& d) {
   std::map<uint64_t, std::vector<uint8_t>> m;
   for (auto item : d) {
     at::Tensor t = item.second.cast<at::Tensor>().contiguous().cpu();
-    GRADCOMP_TORCH_CHECK(t.scalar_type() == at::kByte, "state_dict residuals must be uint8 tensors");
+    GRADCOMP_TORCH_CHECK(t.scalar_type() == at::kByte,
+                         "state_dict residuals must be uint8 tensors");
     std::vector<uint8_t> bytes(static_cast<size_t>(t.numel()));
     if (!bytes.empty()) std::memcpy(bytes.data(), t.data_ptr<uint8_t>(), bytes.size());
     m[item.first.cast<uint64_t>()] = std::move(bytes);
@@ -92,8 +96,10 @@ PYBIND11_MODULE(_C, m) {
            py::arg("process_group"), py::arg("options"))
       .def(
           "reduce_bucket",
-          [](HookCore& core, at::Tensor bucket, int64_t index, const std::vector<std::vector<int64_t>>& shapes) {
-            const uint64_t id = bucket_identity(index, bucket.numel(), bucket.scalar_type(), shapes);
+          [](HookCore& core, at::Tensor bucket, int64_t index,
+             const std::vector<std::vector<int64_t>>& shapes) {
+            const uint64_t id =
+                bucket_identity(index, bucket.numel(), bucket.scalar_type(), shapes);
             py::gil_scoped_release release;
             core.reduce(bucket, index, id);
             return bucket;
@@ -131,13 +137,16 @@ PYBIND11_MODULE(_C, m) {
         try {
           r = reducer.cast<std::shared_ptr<c10d::Reducer>>();
         } catch (const py::cast_error&) {
-          GRADCOMP_TORCH_CHECK(false, "ddp_model.reducer is not a c10d Reducer this extension can use; was gradcomp "
-                                      "built against the installed torch?");
+          GRADCOMP_TORCH_CHECK(
+              false,
+              "ddp_model.reducer is not a c10d Reducer this extension can use; was gradcomp "
+              "built against the installed torch?");
         }
         r->register_comm_hook(std::make_unique<GradcompCommHook>(std::move(core)));
       },
       py::arg("reducer"), py::arg("core"));
-  m.def("bucket_identity", [](int64_t index, const at::Tensor& buffer, const std::vector<std::vector<int64_t>>& shapes) {
+  m.def("bucket_identity", [](int64_t index, const at::Tensor& buffer,
+                              const std::vector<std::vector<int64_t>>& shapes) {
     return bucket_identity(index, buffer.numel(), buffer.scalar_type(), shapes);
   });
   m.attr("with_cuda") =

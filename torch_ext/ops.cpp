@@ -9,11 +9,13 @@ namespace gradcomp {
 namespace torch_ext {
 namespace {
 
-at::Tensor q4_compress(const at::Tensor& x_in, int64_t block_size, bool stochastic, int64_t seed, int64_t step) {
+at::Tensor q4_compress(const at::Tensor& x_in, int64_t block_size, bool stochastic, int64_t seed,
+                       int64_t step) {
   check_gradient_tensor(x_in, "q4_compress input");
   at::Tensor x = x_in.contiguous();
   const int64_t n = x.numel();
-  const uint64_t bytes = call_core([&] { return q4_payload_bytes(n, static_cast<int>(block_size)); });
+  const uint64_t bytes =
+      call_core([&] { return q4_payload_bytes(n, static_cast<int>(block_size)); });
   at::Tensor payload = at::empty({static_cast<int64_t>(bytes)}, x.options().dtype(at::kByte));
   Segment seg = whole_segment(x);
   Q4EncodeParams p;
@@ -30,7 +32,8 @@ at::Tensor q4_compress(const at::Tensor& x_in, int64_t block_size, bool stochast
   return payload;
 }
 
-at::Tensor topk_compress(const at::Tensor& x_in, double ratio, bool exact, at::ScalarType value_dtype) {
+at::Tensor topk_compress(const at::Tensor& x_in, double ratio, bool exact,
+                         at::ScalarType value_dtype) {
   check_gradient_tensor(x_in, "topk_compress input");
   at::Tensor x = x_in.contiguous();
   const int64_t n = x.numel();
@@ -65,8 +68,8 @@ at::Tensor topk_compress(const at::Tensor& x_in, double ratio, bool exact, at::S
 
 at::Tensor decompress(const at::Tensor& payload_in) {
   GRADCOMP_TORCH_CHECK(payload_in.scalar_type() == at::kByte && payload_in.dim() == 1,
-                       "decompress expects a 1-D uint8 payload tensor, got ", payload_in.scalar_type(), " with ",
-                       payload_in.dim(), " dimensions");
+                       "decompress expects a 1-D uint8 payload tensor, got ",
+                       payload_in.scalar_type(), " with ", payload_in.dim(), " dimensions");
   at::Tensor payload = payload_in.contiguous();
   const uint64_t size = static_cast<uint64_t>(payload.numel());
   GRADCOMP_TORCH_CHECK(size >= kPayloadHeaderBytes, "decompress: payload of ", size,
@@ -79,10 +82,12 @@ at::Tensor decompress(const at::Tensor& payload_in) {
   std::memcpy(&h, header, sizeof h);
   GRADCOMP_TORCH_CHECK(h.magic == math::kPayloadMagic && h.checksum == math::header_checksum(h),
                        "decompress: not a valid gradcomp payload (bad magic or header checksum)");
-  GRADCOMP_TORCH_CHECK(h.dtype <= math::kDtypeBF16 && h.numel <= static_cast<uint64_t>(INT64_MAX / 4),
-                       "decompress: invalid dtype or element count in the header");
+  GRADCOMP_TORCH_CHECK(
+      h.dtype <= math::kDtypeBF16 && h.numel <= static_cast<uint64_t>(INT64_MAX / 4),
+      "decompress: invalid dtype or element count in the header");
   const int64_t n = static_cast<int64_t>(h.numel);
-  at::Tensor out = at::empty({n}, payload.options().dtype(to_scalar_type(static_cast<DType>(h.dtype))));
+  at::Tensor out =
+      at::empty({n}, payload.options().dtype(to_scalar_type(static_cast<DType>(h.dtype))));
   Segment seg = whole_segment(out);
   const uint8_t* ptr = payload.data_ptr<uint8_t>();
   Backend& backend = backend_for(payload);
@@ -103,8 +108,9 @@ at::Tensor decompress(const at::Tensor& payload_in) {
   } else {
     GRADCOMP_TORCH_CHECK(h.codec == math::kCodecTopK, "decompress: unknown codec ", int(h.codec));
     GRADCOMP_TORCH_CHECK(n <= kTopKMaxNumel, "decompress: top-k payload claims ", n, " elements");
-    at::Tensor workspace = at::empty({std::max<int64_t>(16, static_cast<int64_t>(backend.topk_workspace_bytes(n)))},
-                                     payload.options().dtype(at::kByte));
+    at::Tensor workspace =
+        at::empty({std::max<int64_t>(16, static_cast<int64_t>(backend.topk_workspace_bytes(n)))},
+                  payload.options().dtype(at::kByte));
     TopKDecodeParams d;
     d.payloads = &ptr;
     d.num_payloads = 1;

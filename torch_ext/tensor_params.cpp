@@ -33,11 +33,12 @@ void check_gradient_tensor(const at::Tensor& t, const char* what) {
   GRADCOMP_TORCH_CHECK(t.defined(), what, " is undefined");
   to_dtype(t.scalar_type(), what);
   GRADCOMP_TORCH_CHECK(t.is_contiguous(), what, " must be contiguous (call .contiguous())");
-  GRADCOMP_TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), what, " must be on CPU or CUDA, got ",
-                       t.device());
+  GRADCOMP_TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), what,
+                       " must be on CPU or CUDA, got ", t.device());
 #if !defined(GRADCOMP_HAVE_CUDA)
-  GRADCOMP_TORCH_CHECK(t.device().is_cpu(), what, " is on ", t.device(),
-                       " but this gradcomp build has no CUDA kernels (nvcc was not found at build time)");
+  GRADCOMP_TORCH_CHECK(
+      t.device().is_cpu(), what, " is on ", t.device(),
+      " but this gradcomp build has no CUDA kernels (nvcc was not found at build time)");
 #endif
 }
 

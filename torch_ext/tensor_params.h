@@ -30,7 +30,9 @@ at::ScalarType to_scalar_type(DType d);
 void check_gradient_tensor(const at::Tensor& t, const char* what);
 
 // One segment covering the whole (contiguous) tensor.
-inline Segment whole_segment(const at::Tensor& t) { return Segment{t.data_ptr(), 0, t.numel()}; }
+inline Segment whole_segment(const at::Tensor& t) {
+  return Segment{t.data_ptr(), 0, t.numel()};
+}
 
 // A backend for the tensor's device: the shared CPU backend, or the CUDA backend of the device
 // and current stream.

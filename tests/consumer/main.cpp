@@ -1,9 +1,9 @@
 // Consumer check: the README's C++ usage, built against the installed package.
+#include <gradcomp/gradcomp.h>
+
 #include <cmath>
 #include <cstdio>
 #include <vector>
-
-#include <gradcomp/gradcomp.h>
 
 int main() {
   const int64_t n_a = 1000, n_b = 333;
@@ -25,7 +25,7 @@ int main() {
 
   double err = 0;
   for (int64_t i = 0; i < n_a; ++i) err = std::fmax(err, std::fabs(a[i] - a0[i]));
-  std::printf("gradcomp consumer: finite=%d step=%u residual buckets=%zu max error %.4f\n", finite, saved.step,
-              saved.residuals.size(), err);
+  std::printf("gradcomp consumer: finite=%d step=%u residual buckets=%zu max error %.4f\n", finite,
+              saved.step, saved.residuals.size(), err);
   return finite && saved.step == 1 && saved.residuals.size() == 1 && err < 2.0 / 7 ? 0 : 1;
 }

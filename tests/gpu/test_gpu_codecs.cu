@@ -18,7 +18,9 @@ using testing::HostTensor;
 
 class DeviceBuffer {
  public:
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) { GRADCOMP_CUDA_CHECK(cudaMalloc(&ptr_, bytes ? bytes : 16)); }
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    GRADCOMP_CUDA_CHECK(cudaMalloc(&ptr_, bytes ? bytes : 16));
+  }
   DeviceBuffer(const void* host, size_t bytes) : DeviceBuffer(bytes) {
     GRADCOMP_CUDA_CHECK(cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice));
   }
@@ -44,12 +46,13 @@ TEST(GpuQ4, PayloadsAndResidualsEqualTheCpuByteForByte) {
   for (DType dtype : kDtypes) {
     for (int64_t n : testing::edge_lengths()) {
       for (bool stochastic : {true, false}) {
-        HostTensor x = HostTensor::from_floats(dtype, testing::normal_floats(n, static_cast<uint32_t>(n)));
+        HostTensor x =
+            HostTensor::from_floats(dtype, testing::normal_floats(n, static_cast<uint32_t>(n)));
         std::vector<float> r = testing::normal_floats(n, 3, 0.1f);
         if (n > 70) x.set(70, std::nanf(""));
         auto ref = testing::q4_encode_tensor(x, 64, stochastic, {5, 6, 7, 8, 1}, r, true);
-        DeviceBuffer dx(x.bytes.data(), x.bytes.size()), dr(r.data(), r.size() * 4), dout(r.size() * 4 + 16),
-            dp(ref.payload.size());
+        DeviceBuffer dx(x.bytes.data(), x.bytes.size()), dr(r.data(), r.size() * 4),
+            dout(r.size() * 4 + 16), dp(ref.payload.size());
         Segment seg{dx.get(), 0, n};
         Q4EncodeParams p;
         p.segments = &seg;
@@ -64,10 +67,12 @@ TEST(GpuQ4, PayloadsAndResidualsEqualTheCpuByteForByte) {
         backend->q4_encode(p);
         ASSERT_EQ(dp.host(), ref.payload) << dtype_name(dtype) << " n=" << n;
         auto res = dout.host();
-        ASSERT_EQ(std::memcmp(res.data(), ref.residual.data(), n * 4), 0) << dtype_name(dtype) << " n=" << n;
+        ASSERT_EQ(std::memcmp(res.data(), ref.residual.data(), n * 4), 0)
+            << dtype_name(dtype) << " n=" << n;
 
         // Decode of two payloads summed and averaged equals the CPU's, in every output dtype.
-        HostTensor cpu_out = testing::q4_decode_payloads({&ref.payload, &ref.payload}, n, 64, dtype, 2.0f);
+        HostTensor cpu_out =
+            testing::q4_decode_payloads({&ref.payload, &ref.payload}, n, 64, dtype, 2.0f);
         DeviceBuffer dy(x.bytes.size());
         Segment oseg{dy.get(), 0, n};
         const uint8_t* ptrs[2] = {dp.get(), dp.get()};
@@ -154,7 +159,8 @@ TEST(GpuTopK, PayloadsAndResidualsEqualTheCpuByteForByte) {
     for (int64_t n : testing::edge_lengths()) {
       for (bool exact : {true, false}) {
         for (DType vd : {DType::kFloat32, DType::kBFloat16}) {
-          HostTensor x = HostTensor::from_floats(dtype, testing::normal_floats(n, static_cast<uint32_t>(n) + 1));
+          HostTensor x = HostTensor::from_floats(
+              dtype, testing::normal_floats(n, static_cast<uint32_t>(n) + 1));
           std::vector<float> r = testing::normal_floats(n, 4, 0.1f);
           TopKOptions o;
           o.exact = exact;
@@ -177,18 +183,22 @@ TEST(GpuTopK, PayloadsAndResidualsEqualTheCpuByteForByte) {
           p.payload = dp.get();
           p.workspace = ws.get();
           backend->topk_encode(p);
-          ASSERT_EQ(dp.host(), ref.payload) << dtype_name(dtype) << " n=" << n << " exact=" << exact;
+          ASSERT_EQ(dp.host(), ref.payload)
+              << dtype_name(dtype) << " n=" << n << " exact=" << exact;
           auto res = dout.host();
           ASSERT_EQ(std::memcmp(res.data(), ref.residual.data(), n * 4), 0);
 
           HostTensor cpu_out(dtype, n);
           Segment cseg = cpu_out.segment();
-          std::vector<const uint8_t*> cptrs = {ref.payload.data(), ref.payload.data(), ref.payload.data()};
-          cpu::topk_decode(testing::topk_decode_params(cptrs, ref.payload.size(), n, cap, vd, &cseg, dtype, 3.0f));
+          std::vector<const uint8_t*> cptrs = {ref.payload.data(), ref.payload.data(),
+                                               ref.payload.data()};
+          cpu::topk_decode(testing::topk_decode_params(cptrs, ref.payload.size(), n, cap, vd, &cseg,
+                                                       dtype, 3.0f));
           DeviceBuffer dy(x.bytes.size());
           Segment oseg{dy.get(), 0, n};
           std::vector<const uint8_t*> gptrs = {dp.get(), dp.get(), dp.get()};
-          TopKDecodeParams d = testing::topk_decode_params(gptrs, ref.payload.size(), n, cap, vd, &oseg, dtype, 3.0f);
+          TopKDecodeParams d = testing::topk_decode_params(gptrs, ref.payload.size(), n, cap, vd,
+                                                           &oseg, dtype, 3.0f);
           d.workspace = ws.get();
           backend->topk_decode(d);
           ASSERT_EQ(dy.host(), cpu_out.bytes);
@@ -209,8 +219,8 @@ TEST(GpuTopK, OutOfRangeIndexIsRejectedOnTheDevice) {
   DeviceBuffer dy(sentinel.data(), 8000);
   Segment seg{dy.get(), 0, 2000};
   std::vector<const uint8_t*> ptrs = {dp.get()};
-  TopKDecodeParams d = testing::topk_decode_params(ptrs, enc.payload.size(), 2000, 20, DType::kFloat32, &seg,
-                                                   DType::kFloat32);
+  TopKDecodeParams d = testing::topk_decode_params(ptrs, enc.payload.size(), 2000, 20,
+                                                   DType::kFloat32, &seg, DType::kFloat32);
   d.workspace = ws.get();
   EXPECT_THROW(backend->topk_decode(d), Error);
   auto out = dy.host();

@@ -13,11 +13,11 @@ namespace gradcomp {
 namespace cuda {
 
 // The CUDA layer's one error-checking macro: throws gradcomp::Error naming the call and error.
-#define GRADCOMP_CUDA_CHECK(expr)                                                              \
-  do {                                                                                         \
-    const cudaError_t gradcomp_cuda_err_ = (expr);                                             \
-    GRADCOMP_CHECK(gradcomp_cuda_err_ == cudaSuccess,                                          \
-                   #expr << " failed: " << cudaGetErrorString(gradcomp_cuda_err_));            \
+#define GRADCOMP_CUDA_CHECK(expr)                                                   \
+  do {                                                                              \
+    const cudaError_t gradcomp_cuda_err_ = (expr);                                  \
+    GRADCOMP_CHECK(gradcomp_cuda_err_ == cudaSuccess,                               \
+                   #expr << " failed: " << cudaGetErrorString(gradcomp_cuda_err_)); \
   } while (0)
 
 // True when a CUDA device can be used from this process.

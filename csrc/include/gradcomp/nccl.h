@@ -9,10 +9,11 @@
 namespace gradcomp {
 
 // The NCCL layer's one error-checking macro.
-#define GRADCOMP_NCCL_CHECK(expr)                                                                    \
-  do {                                                                                               \
-    const ncclResult_t gradcomp_nccl_res_ = (expr);                                                  \
-    GRADCOMP_CHECK(gradcomp_nccl_res_ == ncclSuccess, #expr << " failed: " << ncclGetErrorString(gradcomp_nccl_res_)); \
+#define GRADCOMP_NCCL_CHECK(expr)                                                   \
+  do {                                                                              \
+    const ncclResult_t gradcomp_nccl_res_ = (expr);                                 \
+    GRADCOMP_CHECK(gradcomp_nccl_res_ == ncclSuccess,                               \
+                   #expr << " failed: " << ncclGetErrorString(gradcomp_nccl_res_)); \
   } while (0)
 
 // A Communicator over an NCCL communicator the caller created (ncclCommInitRank). Collectives

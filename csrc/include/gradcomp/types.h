@@ -13,7 +13,9 @@ namespace gradcomp {
 
 enum class DType : uint8_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
-inline size_t dtype_size(DType d) { return d == DType::kFloat32 ? 4 : 2; }
+inline size_t dtype_size(DType d) {
+  return d == DType::kFloat32 ? 4 : 2;
+}
 const char* dtype_name(DType d);
 
 enum class Codec : uint8_t { kQ4 = 1, kTopK = 2 };
@@ -30,13 +32,13 @@ namespace detail {
 }  // namespace detail
 
 // The core layer's one error-checking macro: GRADCOMP_CHECK(cond, "text " << value).
-#define GRADCOMP_CHECK(cond, msg)                                          \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      std::ostringstream gradcomp_check_os_;                               \
-      gradcomp_check_os_ << msg;                                           \
+#define GRADCOMP_CHECK(cond, msg)                                                    \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
+      std::ostringstream gradcomp_check_os_;                                         \
+      gradcomp_check_os_ << msg;                                                     \
       ::gradcomp::detail::throw_error(__FILE__, __LINE__, gradcomp_check_os_.str()); \
-    }                                                                      \
+    }                                                                                \
   } while (0)
 
 struct Q4Options {
@@ -46,10 +48,10 @@ struct Q4Options {
 };
 
 struct TopKOptions {
-  double ratio = 0.01;             // k = max(1, ceil(ratio * N))
-  bool exact = true;               // false: threshold from a sample, one compaction pass
+  double ratio = 0.01;  // k = max(1, ceil(ratio * N))
+  bool exact = true;    // false: threshold from a sample, one compaction pass
   DType value_dtype = DType::kFloat32;
-  double capacity_factor = 1.25;   // approximate mode: payload holds ceil(factor * k) entries
+  double capacity_factor = 1.25;  // approximate mode: payload holds ceil(factor * k) entries
   void validate() const;
 };
 
@@ -60,6 +62,5 @@ constexpr int64_t kTopKMaxNumel = (int64_t{1} << 31) - 1;
 int64_t topk_k(int64_t numel, double ratio);
 // Entries an approximate-mode payload holds for a bucket of n elements.
 int64_t topk_capacity(int64_t numel, const TopKOptions& options);
-
 
 }  // namespace gradcomp

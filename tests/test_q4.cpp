@@ -166,16 +166,13 @@ TEST(Q4, DenormalsAndExtremesStayWithinBound) {
 TEST(Q4, ErrorFeedbackResidualIsWhatTheCodecDropped) {
   auto v = testing::normal_floats(4099, 21);
   auto r = testing::normal_floats(4099, 22, 0.1f);
-  for (DType rdtype : {DType::kFloat32}) {
-    (void)rdtype;
-    HostTensor x = HostTensor::from_floats(DType::kFloat32, v);
-    auto enc = testing::q4_encode_tensor(x, 64, true, {4, 0, 0, 0, 0}, r, true);
-    HostTensor y = testing::q4_decode_payloads({&enc.payload}, 4099, 64, DType::kFloat32);
-    for (int64_t i = 0; i < 4099; ++i) {
-      const float acc = v[i] + r[i];
-      EXPECT_TRUE(testing::same_bits(enc.residual[i], acc - y.get(i))) << i;
-      EXPECT_LE(std::fabs(enc.residual[i]), testing::q4_step_of_block(enc.payload, i / 64));
-    }
+  HostTensor x = HostTensor::from_floats(DType::kFloat32, v);
+  auto enc = testing::q4_encode_tensor(x, 64, true, {4, 0, 0, 0, 0}, r, true);
+  HostTensor y = testing::q4_decode_payloads({&enc.payload}, 4099, 64, DType::kFloat32);
+  for (int64_t i = 0; i < 4099; ++i) {
+    const float acc = v[i] + r[i];
+    EXPECT_TRUE(testing::same_bits(enc.residual[i], acc - y.get(i))) << i;
+    EXPECT_LE(std::fabs(enc.residual[i]), testing::q4_step_of_block(enc.payload, i / 64));
   }
 }
 
@@ -321,14 +318,12 @@ TEST(Q4, SizeArithmeticBeyondTwoToThe31) {
   const uint64_t blocks = (n + 63) / 64;
   const uint64_t expect = 64 + math::align_up(blocks * 4, 16) + math::align_up((n + 1) / 2, 16);
   EXPECT_EQ(q4_payload_bytes(n, 64), expect);
-  PayloadInfo info;
   auto h = math::make_q4_header(n, 64, 0, true);
   std::vector<uint8_t> bytes(64);
   std::memcpy(bytes.data(), &h, 64);
   EXPECT_THROW(inspect_payload(bytes.data(), bytes.size()), Error);  // truncated: sections missing
   EXPECT_EQ(h.count, blocks);
   EXPECT_EQ(h.section1_bytes, static_cast<uint64_t>((n + 1) / 2));
-  (void)info;
 }
 
 }  // namespace

@@ -8,8 +8,39 @@
 
 #include "tensor_params.h"
 
+#if defined(GRADCOMP_HAVE_CUDA)
+#include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <nvtx3/nvToolsExt.h>
+#endif
+
 namespace gradcomp {
 namespace torch_ext {
+namespace {
+
+// An NVTX range for the CUDA timeline (nothing in CPU-only builds); the PyTorch profiler sees
+// the same phases through RECORD_FUNCTION.
+struct NvtxRange {
+  explicit NvtxRange(const char* name) {
+#if defined(GRADCOMP_HAVE_CUDA)
+    nvtxRangePushA(name);
+#else
+    (void)name;
+#endif
+  }
+  ~NvtxRange() {
+#if defined(GRADCOMP_HAVE_CUDA)
+    nvtxRangePop();
+#endif
+  }
+};
+
+#define GRADCOMP_PHASE(name)                          \
+  RECORD_FUNCTION(name, std::vector<c10::IValue>()); \
+  NvtxRange gradcomp_nvtx_range_(name)
+
+}  // namespace
 
 // The core's collective interface over a c10d ProcessGroup (Gloo or NCCL).
 class ProcessGroupCommunicator final : public Communicator {
@@ -21,7 +52,7 @@ class ProcessGroupCommunicator final : public Communicator {
   bool device_memory() const override { return device_.is_cuda(); }
 
   void all_to_all(const void* send, void* recv, size_t bytes) override {
-    RECORD_FUNCTION("gradcomp::all_to_all", std::vector<c10::IValue>());
+    GRADCOMP_PHASE("gradcomp::all_to_all");
     const auto t0 = std::chrono::steady_clock::now();
     at::Tensor in = wrap(const_cast<void*>(send), bytes * world_size());
     at::Tensor out = wrap(recv, bytes * world_size());
@@ -32,7 +63,7 @@ class ProcessGroupCommunicator final : public Communicator {
   }
 
   void all_gather(const void* send, void* recv, size_t bytes) override {
-    RECORD_FUNCTION("gradcomp::all_gather", std::vector<c10::IValue>());
+    GRADCOMP_PHASE("gradcomp::all_gather");
     const auto t0 = std::chrono::steady_clock::now();
     at::Tensor in = wrap(const_cast<void*>(send), bytes);
     at::Tensor out = wrap(recv, bytes * world_size());
@@ -43,7 +74,7 @@ class ProcessGroupCommunicator final : public Communicator {
 
   // Plain allreduce of the bucket (the NoCompression path), counted like the ring it runs.
   void allreduce_sum(at::Tensor& bucket) {
-    RECORD_FUNCTION("gradcomp::allreduce", std::vector<c10::IValue>());
+    GRADCOMP_PHASE("gradcomp::allreduce");
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<at::Tensor> tensors = {bucket};
     group_->allreduce(tensors)->wait();
@@ -125,10 +156,20 @@ CompressedAllreduce& HookCore::engine_for(const at::Tensor& bucket) {
 c10::intrusive_ptr<c10::ivalue::Future> HookCore::submit(at::Tensor bucket, int64_t index,
                                                          uint64_t identity) {
   check_gradient_tensor(bucket, "DDP bucket");
-  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
   if (bucket.device().is_cuda()) {
-    // CUDA: the kernels and collectives are ordered on the current stream; the future is
-    // complete when this returns.
+#if defined(GRADCOMP_HAVE_CUDA)
+    // Compression runs on a pool stream ordered after the stream that filled the bucket; the
+    // future is created with the device and completed while that stream is current, so it
+    // records CUDA events there and the reducer's wait orders the backward stream after them.
+    const c10::Device device = bucket.device();
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get(), std::vector<c10::Device>{device});
+    c10::cuda::CUDAStream filled = c10::cuda::getCurrentCUDAStream(device.index());
+    c10::cuda::CUDAStream compress = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index());
+    c10::cuda::CUDAStreamGuard guard(compress);
+    c10::cuda::CUDAEvent ready;
+    ready.record(filled);
+    ready.block(compress);
+    bucket.record_stream(compress);
     try {
       reduce(bucket, index, identity);
       future->markCompleted(c10::IValue(bucket));
@@ -136,10 +177,12 @@ c10::intrusive_ptr<c10::ivalue::Future> HookCore::submit(at::Tensor bucket, int6
       future->setError(std::current_exception());
     }
     return future;
+#endif
   }
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    queue_.push_back(Job{bucket, index, identity, future});
+    queue_.push_back(Job{bucket, index, identity, future, at::ThreadLocalState()});
   }
   queue_cv_.notify_one();
   return future;
@@ -156,6 +199,8 @@ void HookCore::worker_loop() {
       queue_.pop_front();
     }
     try {
+      // Work done here shows in the profiler of the thread that queued it.
+      at::ThreadLocalStateGuard tls_guard(job.tls);
       reduce(job.bucket, job.index, job.identity);
       job.future->markCompleted(c10::IValue(job.bucket));
     } catch (...) {
@@ -165,7 +210,7 @@ void HookCore::worker_loop() {
 }
 
 void HookCore::reduce(at::Tensor bucket, int64_t index, uint64_t identity) {
-  RECORD_FUNCTION("gradcomp::hook_bucket", std::vector<c10::IValue>({bucket}));
+  GRADCOMP_PHASE("gradcomp::hook_bucket");
   check_gradient_tensor(bucket, "DDP bucket");
   std::lock_guard<std::mutex> lock(state_mu_);
   CompressedAllreduce* engine = options_.compress ? &engine_for(bucket) : nullptr;

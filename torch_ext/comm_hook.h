@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/ThreadLocalState.h>
 #include <ATen/core/ivalue.h>
 
 #include <condition_variable>
@@ -69,6 +70,7 @@ class HookCore {
     int64_t index;
     uint64_t identity;
     c10::intrusive_ptr<c10::ivalue::Future> future;
+    at::ThreadLocalState tls;  // the submitting thread's profiler and grad-mode state
   };
   void run(const Job& job);
   void worker_loop();

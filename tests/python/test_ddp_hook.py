@@ -100,3 +100,7 @@ def test_ddp_options(option):
 
 def test_grad_scaler_skips_the_step_on_every_rank():
     assert all(launch("workers", "grad_scaler_skips_on_every_rank", 2))
+
+
+def test_profiler_shows_every_phase():
+    assert all(launch("workers", "profiler_sees_phases", 2))

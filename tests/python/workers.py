@@ -277,3 +277,16 @@ def grad_scaler_skips_on_every_rank(rank, world):
     assert torch.equal(_flat(ddp), before), "the step was taken despite a NaN on one rank"
     assert scaler.get_scale() < 1024.0
     return True
+
+
+def profiler_sees_phases(rank, world):
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(MLP())
+    gt.register(ddp, gradcomp.Q4())
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            ddp(torch.randn(8, 64)).square().mean().backward()
+    names = {e.name for e in prof.events()}
+    missing = {"gradcomp::hook_bucket", "gradcomp::all_to_all", "gradcomp::all_gather"} - names
+    assert not missing, f"not in the profiler trace: {missing}"
+    return True

@@ -150,7 +150,7 @@ def main():
             store = dist.TCPStore("127.0.0.1", args.port, args.world, args.rank == 0,
                                   timeout=__import__("datetime").timedelta(seconds=120))
             dist.init_process_group("nccl" if DEVICE.type == "cuda" else "gloo", store=store, rank=args.rank,
-                                    world_size=args.world)
+                                    world_size=args.world, timeout=__import__("datetime").timedelta(seconds=120))
         fn = throughput if args.mode == "throughput" else digits
         result = {"ok": True, **fn(args, args.rank, args.world)}
     except Exception as e:  # the table reports the failure instead of dropping the row

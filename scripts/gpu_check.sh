@@ -25,6 +25,14 @@ compute-sanitizer --tool racecheck --error-exitcode 3 ./build-gpu/tests/gradcomp
   --gtest_filter='GpuTopK.*:GpuQ4.Fused*' > "$out/racecheck.log" 2>&1 && echo "racecheck: clean" || { echo "racecheck: FAILED"; status=1; }
 echo "tests: $(( $(date +%s) - t0 )) s"
 
+# The DDP hook on the GPU: install against the machine's torch (offline) and run its GPU tests.
+if python3 -c "import torch" 2>/dev/null; then
+  CMAKE_CUDA_ARCHITECTURES=90 GRADCOMP_BUILD_DIR="$root/build-gpu-python" \
+    python3 -m pip install -q --no-build-isolation --no-deps -e . > "$out/pip.log" 2>&1 || { tail -20 "$out/pip.log"; status=1; }
+  python3 -m pytest tests/python/test_gpu_hook.py -q -rs 2>&1 | tee "$out/pytest-gpu.log" | tail -3
+  grep -qE "failed|error" "$out/pytest-gpu.log" && status=1
+fi
+
 ./build-gpu/bench/gradcomp_bench_cuda --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
   --benchmark_format=json --benchmark_out="$out/bench.json" > "$out/bench.txt" 2>&1 || status=1
 python3 - "$out/bench.json" <<'PY' | tee "$out/table.txt"

@@ -231,34 +231,6 @@ def run_python_block(rank, world, code):
     return True
 
 
-def ddp_options_agree(rank, world, option):
-    """register() under a DDP option gives the same model as the standard route under it."""
-    kwargs = {option: True}
-
-    def run(route):
-        torch.manual_seed(0)
-        ddp = nn.parallel.DistributedDataParallel(MLP(), **kwargs)
-        if route == "register":
-            hook = gt.register(ddp, gradcomp.Q4(seed=3))
-        else:
-            hook = gt.HookState(gradcomp.Q4(seed=3))
-            ddp.register_comm_hook(hook, gt.comm_hook)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-        for step in range(5):
-            g = torch.Generator().manual_seed(100 * step + rank)
-            x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
-            opt.zero_grad()
-            nn.functional.cross_entropy(ddp(x), y).backward()
-            opt.step()
-        return _flat(ddp), hook.stats()["total"]["buckets"]
-
-    a, na = run("register")
-    b, nb = run("standard")
-    assert torch.isfinite(a).all() and na == nb > 0
-    assert torch.equal(a, b), f"{option}: routes differ by {(a - b).abs().max().item()}"
-    return True
-
-
 def grad_scaler_skips_on_every_rank(rank, world):
     """A NaN gradient on one rank makes GradScaler skip the step on every rank."""
     torch.manual_seed(0)
@@ -289,4 +261,49 @@ def profiler_sees_phases(rank, world):
     names = {e.name for e in prof.events()}
     missing = {"gradcomp::hook_bucket", "gradcomp::all_to_all", "gradcomp::all_gather"} - names
     assert not missing, f"not in the profiler trace: {missing}"
+    return True
+
+
+def gpu_hook_matches_cpu(rank, world, codec_name):
+    """On one GPU (NCCL, world 1) the hook's averaged buckets equal the CPU hook's bit for bit."""
+    results = {}
+    for device in ("cpu", "cuda"):
+        group = dist.new_group(backend="gloo" if device == "cpu" else "nccl")
+        core = _C.HookCore(group, _codec(codec_name)._options())
+        out = []
+        for step in range(3):
+            bucket = _grad(rank, step, 10007).to(device)
+            core.reduce_bucket(bucket, 0, [[10007]])
+            out.append(bucket.cpu())
+        results[device] = out
+    for a, b in zip(results["cpu"], results["cuda"]):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)), "CUDA hook differs from CPU hook"
+    return True
+
+
+def gpu_ddp_trains(rank, world):
+    torch.manual_seed(0)
+    model = MLP().cuda()
+    group = dist.new_group(backend="nccl")
+    ddp = nn.parallel.DistributedDataParallel(model, process_group=group)
+    hook = gt.register(ddp, gradcomp.Q4())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            opt.zero_grad()
+            ddp(torch.randn(32, 64, device="cuda")).square().mean().backward()
+            opt.step()
+    torch.cuda.synchronize()
+    assert torch.isfinite(_flat(ddp)).all() and hook.stats()["total"]["buckets"] >= 3
+    import json
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    encode = {e["args"]["stream"] for e in kernels if "q4_encode_kernel" in e["name"]}
+    gemm = {e["args"]["stream"] for e in kernels if "gemm" in e["name"].lower()}
+    assert encode, "no q4 encode kernel in the CUDA trace"
+    assert gemm and not (encode & gemm), f"encode kernels on stream(s) {encode}, backward GEMMs on {gemm}"
     return True

@@ -1,0 +1,18 @@
+"""GPU tests of the DDP hook (NCCL); reported as skipped where no CUDA device is present."""
+import pytest
+import torch
+
+import gradcomp
+from launcher import launch
+
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and gradcomp.with_cuda),
+                                reason="no CUDA device, or gradcomp built without CUDA")
+
+
+@pytest.mark.parametrize("codec", ["q4", "q4_nearest", "topk"])
+def test_cuda_hook_equals_cpu_hook_bit_for_bit(codec):
+    assert all(launch("workers", "gpu_hook_matches_cpu", 1, codec))
+
+
+def test_ddp_on_gpu_trains_and_encodes_off_the_default_stream():
+    assert all(launch("workers", "gpu_ddp_trains", 1))

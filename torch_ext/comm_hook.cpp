@@ -182,7 +182,8 @@ c10::intrusive_ptr<c10::ivalue::Future> HookCore::submit(at::Tensor bucket, int6
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    queue_.push_back(Job{bucket, index, identity, future, at::ThreadLocalState()});
+    queue_.push_back(
+        Job{bucket, index, identity, future, at::get_record_function_tls_(), c10::ThreadLocalDebugInfo::current()});
   }
   queue_cv_.notify_one();
   return future;
@@ -198,14 +199,17 @@ void HookCore::worker_loop() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
+    // Work done here shows in the profiler of the thread that queued it.
+    at::set_record_function_tls_(job.record_function_tls);
+    c10::ThreadLocalDebugInfo::_forceCurrentDebugInfo(job.debug_info);
     try {
-      // Work done here shows in the profiler of the thread that queued it.
-      at::ThreadLocalStateGuard tls_guard(job.tls);
       reduce(job.bucket, job.index, job.identity);
       job.future->markCompleted(c10::IValue(job.bucket));
     } catch (...) {
       job.future->setError(std::current_exception());
     }
+    at::set_record_function_tls_(at::RecordFunctionTLS());
+    c10::ThreadLocalDebugInfo::_forceCurrentDebugInfo(nullptr);
   }
 }
 

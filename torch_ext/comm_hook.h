@@ -2,7 +2,8 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/ThreadLocalState.h>
+#include <ATen/record_function.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 #include <ATen/core/ivalue.h>
 
 #include <condition_variable>
@@ -70,7 +71,11 @@ class HookCore {
     int64_t index;
     uint64_t identity;
     c10::intrusive_ptr<c10::ivalue::Future> future;
-    at::ThreadLocalState tls;  // the submitting thread's profiler and grad-mode state
+    // The submitting thread's profiler state (record-function callbacks and debug info), so
+    // phases run on the worker show in its trace. Only these two: the full ThreadLocalState
+    // also carries Python-object state whose copies need the GIL.
+    at::RecordFunctionTLS record_function_tls;
+    std::shared_ptr<c10::ThreadLocalDebugInfo> debug_info;
   };
   void run(const Job& job);
   void worker_loop();

@@ -53,13 +53,7 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None) -
     """
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(f"register expects a DistributedDataParallel model, got {type(ddp_model).__name__}")
-    # The hook's collectives run on its worker thread. DDP issues collectives of its own (with
-    # static_graph or find_unused_parameters) from the autograd thread; on one shared Gloo group
-    # the two threads could interleave differently on different ranks and hang. A group of the
-    # same ranks and backend, used only by the hook, keeps every rank's order the same.
-    group = ddp_model.process_group
-    own_group = dist.new_group(ranks=dist.get_process_group_ranks(group), backend=dist.get_backend(group))
-    core = _C.HookCore(own_group, _options(codec))
+    core = _C.HookCore(ddp_model.process_group, _options(codec))
     _C.install_hook(ddp_model.reducer, core)
     return Hook(core, Q4() if codec is None else codec)
 

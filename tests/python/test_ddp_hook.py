@@ -93,6 +93,11 @@ def test_decompress_rejects_corrupt_payloads():
         gradcomp.decompress(payload)
 
 
+@pytest.mark.parametrize("option", ["gradient_as_bucket_view", "static_graph"])
+def test_ddp_options(option):
+    assert all(launch("workers", "ddp_options_agree", 2, option))
+
+
 def test_grad_scaler_skips_the_step_on_every_rank():
     assert all(launch("workers", "grad_scaler_skips_on_every_rank", 2))
 

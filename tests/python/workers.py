@@ -231,6 +231,34 @@ def run_python_block(rank, world, code):
     return True
 
 
+def ddp_options_agree(rank, world, option):
+    """register() under a DDP option gives the same model as the standard route under it."""
+    kwargs = {option: True}
+
+    def run(route):
+        torch.manual_seed(0)
+        ddp = nn.parallel.DistributedDataParallel(MLP(), **kwargs)
+        if route == "register":
+            hook = gt.register(ddp, gradcomp.Q4(seed=3))
+        else:
+            hook = gt.HookState(gradcomp.Q4(seed=3))
+            ddp.register_comm_hook(hook, gt.comm_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        for step in range(5):
+            g = torch.Generator().manual_seed(100 * step + rank)
+            x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        return _flat(ddp), hook.stats()["total"]["buckets"]
+
+    a, na = run("register")
+    b, nb = run("standard")
+    assert torch.isfinite(a).all() and na == nb > 0
+    assert torch.equal(a, b), f"{option}: routes differ by {(a - b).abs().max().item()}"
+    return True
+
+
 def grad_scaler_skips_on_every_rank(rank, world):
     """A NaN gradient on one rank makes GradScaler skip the step on every rank."""
     torch.manual_seed(0)

@@ -18,7 +18,7 @@
 #if defined(GRADCOMP_HAVE_NCCL)
 #include <nccl.h>
 
-#include "gradcomp/nccl.h"
+#include "gradcomp/nccl_communicator.h"
 #endif
 
 namespace {

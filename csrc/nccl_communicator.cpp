@@ -1,5 +1,5 @@
 // NCCL implementation of the collective interface: grouped send/recv for all-to-all, allgather.
-#include "gradcomp/nccl.h"
+#include "gradcomp/nccl_communicator.h"
 
 namespace gradcomp {
 

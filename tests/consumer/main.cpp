@@ -1,5 +1,8 @@
 // Consumer check: the README's C++ usage, built against the installed package.
 #include <gradcomp/gradcomp.h>
+#if defined(GRADCOMP_HAVE_NCCL)
+#include <gradcomp/nccl_communicator.h>  // the raw-NCCL transport is usable from the installed package too
+#endif
 
 #include <cmath>
 #include <cstdio>

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "gradcomp/cuda.h"
-#include "gradcomp/nccl.h"
+#include "gradcomp/nccl_communicator.h"
 #include "test_util.h"
 
 namespace gradcomp {

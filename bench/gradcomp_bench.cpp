@@ -131,9 +131,7 @@ struct Memory {
   }
 };
 
-CodecRow run_codec(Backend& backend, int64_t n, const std::string& codec, DType dtype, int reps,
-                   int threads) {
-  (void)threads;
+CodecRow run_codec(Backend& backend, int64_t n, const std::string& codec, DType dtype, int reps) {
   Memory mem{backend, {}};
   const size_t in_bytes = static_cast<size_t>(n) * dtype_size(dtype);
   std::vector<uint8_t> host_in(in_bytes);
@@ -279,7 +277,7 @@ int codec_mode(const Args& a) {
         for (DType d : dts) {
           std::fprintf(stderr, "\r[%zu/%zu] %s %s n=%.0e %s   ", rows.size() + 1, total,
                        b->is_cuda() ? "cuda" : "cpu", c.c_str(), s, dtype_name(d));
-          rows.push_back(run_codec(*b, static_cast<int64_t>(s), c, d, reps, threads));
+          rows.push_back(run_codec(*b, static_cast<int64_t>(s), c, d, reps));
         }
   std::fprintf(stderr, "\r%60s\r", "");
   if (a.json) {

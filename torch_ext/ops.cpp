@@ -74,40 +74,31 @@ at::Tensor decompress(const at::Tensor& payload_in) {
   const uint64_t size = static_cast<uint64_t>(payload.numel());
   GRADCOMP_TORCH_CHECK(size >= kPayloadHeaderBytes, "decompress: payload of ", size,
                        " bytes is shorter than the 64-byte header");
-  uint8_t header[kPayloadHeaderBytes];
+  // The header is read on the host (the core's checks, with the payload's real size); the
+  // decoders validate the sections again before writing.
   at::Tensor head = payload.slice(0, 0, kPayloadHeaderBytes).cpu();
-  std::memcpy(header, head.data_ptr<uint8_t>(), sizeof header);
-  // Header fields are checked here; the sections are validated again by the decoder itself.
-  math::PayloadHeader h;
-  std::memcpy(&h, header, sizeof h);
-  GRADCOMP_TORCH_CHECK(h.magic == math::kPayloadMagic && h.checksum == math::header_checksum(h),
-                       "decompress: not a valid gradcomp payload (bad magic or header checksum)");
-  GRADCOMP_TORCH_CHECK(
-      h.dtype <= math::kDtypeBF16 && h.numel <= static_cast<uint64_t>(INT64_MAX / 4),
-      "decompress: invalid dtype or element count in the header");
-  const int64_t n = static_cast<int64_t>(h.numel);
-  at::Tensor out =
-      at::empty({n}, payload.options().dtype(to_scalar_type(static_cast<DType>(h.dtype))));
+  const PayloadInfo info =
+      call_core([&] { return inspect_payload(head.data_ptr<uint8_t>(), size); });
+  const int64_t n = info.numel;
+  at::Tensor out = at::empty({n}, payload.options().dtype(to_scalar_type(info.dtype)));
   Segment seg = whole_segment(out);
   const uint8_t* ptr = payload.data_ptr<uint8_t>();
   Backend& backend = backend_for(payload);
-  if (h.codec == math::kCodecQ4) {
+  if (info.codec == Codec::kQ4) {
     Q4DecodeParams d;
     d.payloads = &ptr;
     d.num_payloads = 1;
     d.payload_bytes = size;
     d.numel = n;
-    d.block_size = h.param;
+    d.block_size = info.param;
     d.segments = &seg;
     d.num_segments = 1;
-    d.dtype = h.dtype;
+    d.dtype = static_cast<uint8_t>(info.dtype);
     call_core([&] {
       backend.q4_decode(d);
       backend.take_decode_status();
     });
   } else {
-    GRADCOMP_TORCH_CHECK(h.codec == math::kCodecTopK, "decompress: unknown codec ", int(h.codec));
-    GRADCOMP_TORCH_CHECK(n <= kTopKMaxNumel, "decompress: top-k payload claims ", n, " elements");
     at::Tensor workspace =
         at::empty({std::max<int64_t>(16, static_cast<int64_t>(backend.topk_workspace_bytes(n)))},
                   payload.options().dtype(at::kByte));
@@ -116,11 +107,11 @@ at::Tensor decompress(const at::Tensor& payload_in) {
     d.num_payloads = 1;
     d.payload_bytes = size;
     d.numel = n;
-    d.capacity = h.param;
-    d.value_dtype = h.value_dtype;
+    d.capacity = info.param;
+    d.value_dtype = static_cast<uint8_t>(info.value_dtype);
     d.segments = &seg;
     d.num_segments = 1;
-    d.dtype = h.dtype;
+    d.dtype = static_cast<uint8_t>(info.dtype);
     d.workspace = workspace.data_ptr();
     call_core([&] {
       backend.topk_decode(d);

@@ -73,7 +73,8 @@ class HookState(Hook):
         return self._core
 
     def stats(self) -> dict:
-        return self._ensure_core() and super().stats()
+        self._ensure_core()
+        return super().stats()
 
     def state_dict(self) -> dict:
         self._ensure_core()

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gradcomp/cpu.h"
@@ -64,8 +65,32 @@ void BM_Memcpy(benchmark::State& state) {
   report(state, 2.0 * bytes);
 }
 
-// Args: elements, dtype, stochastic, error feedback, threads.
+// Selects the CPU loops for one benchmark (-1: the best this CPU has) and restores them after.
+class IsaScope {
+ public:
+  IsaScope(benchmark::State& state, int64_t code) : saved_(cpu::active_isa()) {
+    if (code < 0) return;
+    const auto isa = static_cast<cpu::Isa>(code);
+    if (!cpu::isa_supported(isa)) {
+      state.SkipWithError((std::string(cpu::isa_name(isa)) + " is not supported here").c_str());
+      ok_ = false;
+      return;
+    }
+    cpu::set_active_isa(isa);
+    state.SetLabel(cpu::isa_name(isa));
+  }
+  ~IsaScope() { cpu::set_active_isa(saved_); }
+  bool ok() const { return ok_; }
+
+ private:
+  cpu::Isa saved_;
+  bool ok_ = true;
+};
+
+// Args: elements, dtype, stochastic, error feedback, threads, instruction set (-1: best).
 void BM_Q4Encode(benchmark::State& state) {
+  IsaScope isa(state, state.range(5));
+  if (!isa.ok()) return;
   const int64_t n = state.range(0);
   const DType dtype = static_cast<DType>(state.range(1));
   const bool ef = state.range(3) != 0;
@@ -92,8 +117,10 @@ void BM_Q4Encode(benchmark::State& state) {
   report(state, static_cast<double>(input.size() + payload.size() + (ef ? 8.0 * n : 0.0)));
 }
 
-// Args: elements, payloads (W).
+// Args: elements, payloads (W), threads, instruction set (-1: best).
 void BM_Q4DecodeSum(benchmark::State& state) {
+  IsaScope isa(state, state.range(3));
+  if (!isa.ok()) return;
   const int64_t n = state.range(0);
   const int world = static_cast<int>(state.range(1));
   auto input = make_input(DType::kFloat32, n);
@@ -193,20 +220,24 @@ void BM_Q4BlockSizeError(benchmark::State& state) {
 
 BENCHMARK(BM_Memcpy)->Arg(kN)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Q4Encode)
-    ->ArgNames({"n", "dtype", "sr", "ef", "threads"})
-    ->Args({kN, 0, 1, 0, 1})
-    ->Args({kN, 0, 0, 0, 1})
-    ->Args({kN, 0, 1, 1, 1})
-    ->Args({kN, 2, 1, 0, 1})
-    ->Args({kN, 0, 1, 0, 2})
-    ->Args({kN, 0, 1, 1, 2})
+    ->ArgNames({"n", "dtype", "sr", "ef", "threads", "isa"})
+    ->Args({kN, 0, 1, 0, 1, -1})
+    ->Args({kN, 0, 0, 0, 1, -1})
+    ->Args({kN, 0, 1, 1, 1, -1})
+    ->Args({kN, 2, 1, 0, 1, -1})
+    ->Args({kN, 0, 1, 0, 2, -1})
+    ->Args({kN, 0, 1, 1, 2, -1})
+    ->Args({kN, 0, 1, 0, 1, 0})
+    ->Args({kN, 0, 1, 0, 1, 1})
+    ->Args({kN, 0, 1, 0, 1, 2})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Q4DecodeSum)
-    ->ArgNames({"n", "W", "threads"})
-    ->Args({kN, 1, 1})
-    ->Args({kN, 4, 1})
-    ->Args({kN, 4, 2})
+    ->ArgNames({"n", "W", "threads", "isa"})
+    ->Args({kN, 1, 1, -1})
+    ->Args({kN, 4, 1, -1})
+    ->Args({kN, 4, 2, -1})
+    ->Args({kN, 4, 1, 0})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_TopKEncode)

@@ -4,6 +4,7 @@
 #include <functional>
 #include <vector>
 
+#include "cpu_q4_loops.h"
 #include "element_math.h"
 #include "gradcomp/cpu.h"
 #include "gradcomp/format.h"
@@ -50,6 +51,24 @@ class SegmentView {
     for_runs(first, n, [&](const Segment& s, int64_t local, int64_t done, int64_t len) {
       load_floats(s.data, local, len, dtype_, out + done);
     });
+  }
+
+  // Elements [first, first + n) as a pointer into one fp32 segment, or null when they are
+  // another dtype or span segments (then gather / scatter through a staging buffer).
+  float* fp32_run(int64_t first, int64_t n) const {
+    return dtype_ == math::kDtypeF32 ? static_cast<float*>(run(first, n)) : nullptr;
+  }
+
+  // Elements [first, first + n) as raw memory of one segment (of the view's dtype), or null.
+  void* run(int64_t first, int64_t n) const {
+    if (n == 0) return nullptr;
+    const Segment* end = segments_ + count_;
+    const Segment* s = std::upper_bound(
+        segments_, end, first, [](int64_t v, const Segment& seg) { return v < seg.offset; });
+    if (s == segments_) return nullptr;
+    --s;
+    if (first < s->offset || first + n > s->offset + s->numel) return nullptr;
+    return static_cast<char*>(s->data) + (first - s->offset) * (dtype_ == math::kDtypeF32 ? 4 : 2);
   }
 
   // Writes fp32 values to elements [first, first + n), rounding to the view's dtype.
@@ -173,58 +192,61 @@ void q4_encode(const Q4EncodeParams& p, int num_threads) {
   write_header(p.payload, h);
   float* scales = reinterpret_cast<float*>(p.payload + math::kHeaderBytes);
   uint8_t* codes = p.payload + math::section1_offset(h);
-  const int64_t nblocks = static_cast<int64_t>(h.count);
-  const int B = static_cast<int>(p.block_size);
+  const int64_t chunk_size = detail::kQ4ChunkElements;
+  const int64_t nchunks = (p.numel + chunk_size - 1) / chunk_size;
+  const bool f32_residual = p.residual_dtype == math::kDtypeF32;
+  const Isa isa = active_isa();
   SegmentView input(p.segments, p.num_segments, p.dtype);
 
-#pragma omp parallel for num_threads(num_threads > 0 ? num_threads : 1) schedule(static)
-  for (int64_t b = 0; b < nblocks; ++b) {
-    float acc[256], rin[256], dropped[256];
-    int32_t q[256];
-    const int64_t start = b * B;
-    const int n = static_cast<int>(std::min<int64_t>(B, p.numel - start));
-    if (n <= 0) continue;
-    input.gather(p.begin + start, n, acc);
-    if (p.residual_in != nullptr) {
-      load_floats(p.residual_in, start, n, p.residual_dtype, rin);
-    } else {
-      std::fill(rin, rin + n, 0.0f);
-    }
-    uint32_t absmax = 0;
-    for (int i = 0; i < n; ++i) {
-      acc[i] = math::add_rn(acc[i], rin[i]);
-      absmax = std::max(absmax, math::abs_bits(acc[i]));
-    }
-    const float step = math::q4_step_from_absmax_bits(absmax);
-    std::memcpy(&scales[b], &step, 4);
-    if (step > 0.0f && p.stochastic) {
-      uint32_t r16[256];
-      for (int i = 0; i < n; i += math::kRandomGroup) {
-        const math::Philox4 r = math::q4_random_group(
-            p.rng, static_cast<uint64_t>(p.begin + start + i) / math::kRandomGroup);
-        for (int j = 0; j < math::kRandomGroup; ++j) r16[i + j] = math::random16(r, j);
+#pragma omp parallel num_threads(num_threads > 0 ? num_threads : 1)
+  {
+    // Staging for inputs that are not one fp32 run, and for 16-bit residuals.
+    std::vector<float> input_f32, residual_in_f32, residual_out_f32;
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < nchunks; ++c) {
+      const int64_t start = c * chunk_size;
+      const int n = static_cast<int>(std::min(chunk_size, p.numel - start));
+      detail::Q4EncodeChunk chunk;
+      chunk.input = input.fp32_run(p.begin + start, n);
+      if (chunk.input == nullptr) {
+        input_f32.resize(chunk_size);
+        input.gather(p.begin + start, n, input_f32.data());
+        chunk.input = input_f32.data();
       }
-      for (int i = 0; i < n; ++i)
-        q[i] = math::q4_quantize_positive_step(acc[i], step, r16[i], true);
-    } else if (step > 0.0f) {
-      for (int i = 0; i < n; ++i) q[i] = math::q4_quantize_positive_step(acc[i], step, 0, false);
-    } else {
-      std::fill(q, q + n, 0);
-    }
-    for (int i = 0; i < n; i += 2) {
-      const uint32_t lo = static_cast<uint32_t>(q[i] + 8);
-      const uint32_t hi = i + 1 < n ? static_cast<uint32_t>(q[i + 1] + 8) : math::kQ4ZeroNibble;
-      codes[(start + i) / 2] = static_cast<uint8_t>(lo | (hi << 4));
-    }
-    if (p.residual_out != nullptr) {
-      // A non-finite block keeps its old residual so one bad step cannot poison later ones.
-      if (math::is_finite_bits(absmax)) {
-        for (int i = 0; i < n; ++i)
-          dropped[i] = math::sub_rn(acc[i], math::mul_rn(static_cast<float>(q[i]), step));
-        store_floats(p.residual_out, start, n, p.residual_dtype, dropped);
-      } else {
-        store_floats(p.residual_out, start, n, p.residual_dtype, rin);
+      if (c + 1 < nchunks) {
+        const int64_t next_n = std::min(chunk_size, p.numel - start - chunk_size);
+        chunk.next_input = input.run(p.begin + start + chunk_size, next_n);
+        chunk.next_input_stride = static_cast<int>(dtype_size(static_cast<DType>(p.dtype)));
+        if (p.residual_in != nullptr) {
+          chunk.next_residual_stride =
+              static_cast<int>(dtype_size(static_cast<DType>(p.residual_dtype)));
+          chunk.next_residual_in = static_cast<const char*>(p.residual_in) +
+                                   (start + chunk_size) * chunk.next_residual_stride;
+        }
       }
+      if (p.residual_in != nullptr && f32_residual) {
+        chunk.residual_in = static_cast<const float*>(p.residual_in) + start;
+      } else if (p.residual_in != nullptr) {
+        residual_in_f32.resize(chunk_size);
+        load_floats(p.residual_in, start, n, p.residual_dtype, residual_in_f32.data());
+        chunk.residual_in = residual_in_f32.data();
+      }
+      if (p.residual_out != nullptr && f32_residual) {
+        chunk.residual_out = static_cast<float*>(p.residual_out) + start;
+      } else if (p.residual_out != nullptr) {
+        residual_out_f32.resize(chunk_size);
+        chunk.residual_out = residual_out_f32.data();
+      }
+      chunk.scales = scales + start / p.block_size;
+      chunk.codes = codes + start / 2;
+      chunk.first_element = p.begin + start;
+      chunk.n = n;
+      chunk.block = static_cast<int>(p.block_size);
+      chunk.stochastic = p.stochastic;
+      chunk.rng = p.rng;
+      detail::q4_encode_chunk(chunk, isa);
+      if (p.residual_out != nullptr && !f32_residual)
+        store_floats(p.residual_out, start, n, p.residual_dtype, chunk.residual_out);
     }
   }
 }
@@ -237,33 +259,35 @@ void q4_decode(const Q4DecodeParams& p, int num_threads) {
                     p.block_size, math::kDtypeF32, "q4 decode");
   const PayloadHeader h = read_header(p.payloads[0]);
   const uint64_t codes_at = math::section1_offset(h);
-  const int64_t nblocks = static_cast<int64_t>(h.count);
-  const int B = static_cast<int>(p.block_size);
+  const int64_t chunk_size = detail::kQ4ChunkElements;
+  const int64_t nchunks = (p.numel + chunk_size - 1) / chunk_size;
+  const Isa isa = active_isa();
   SegmentView output(p.segments, p.num_segments, p.dtype);
   bool nonfinite = false;
 
-#pragma omp parallel for num_threads(num_threads > 0 ? num_threads : 1) schedule(static) \
-    reduction(||                                                                         \
-              : nonfinite)
-  for (int64_t b = 0; b < nblocks; ++b) {
-    float sum[256] = {0.0f};
-    const int64_t start = b * B;
-    const int n = static_cast<int>(std::min<int64_t>(B, p.numel - start));
-    for (int w = 0; w < p.num_payloads; ++w) {
-      float step;
-      std::memcpy(&step, p.payloads[w] + math::kHeaderBytes + 4 * b, 4);
-      const uint8_t* codes = p.payloads[w] + codes_at;
-      for (int i = 0; i < n; ++i) {
-        const uint8_t byte = codes[(start + i) / 2];
-        const uint32_t nibble = (i & 1) ? (byte >> 4) : (byte & 0xF);
-        sum[i] = math::add_rn(sum[i], math::q4_dequantize(nibble, step));
+#pragma omp parallel num_threads(num_threads > 0 ? num_threads : 1) reduction(|| : nonfinite)
+  {
+    std::vector<float> sum_f32;
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < nchunks; ++c) {
+      const int64_t start = c * chunk_size;
+      const int n = static_cast<int>(std::min(chunk_size, p.numel - start));
+      detail::Q4DecodeChunk chunk;
+      chunk.payloads = p.payloads;
+      chunk.num_payloads = p.num_payloads;
+      chunk.scales_offset = math::kHeaderBytes + 4 * static_cast<uint64_t>(start / p.block_size);
+      chunk.codes_offset = codes_at + static_cast<uint64_t>(start / 2);
+      chunk.divisor = p.divisor;
+      chunk.sum = output.fp32_run(p.begin + start, n);
+      if (chunk.sum == nullptr) {
+        sum_f32.resize(chunk_size);
+        chunk.sum = sum_f32.data();
       }
+      chunk.n = n;
+      chunk.block = static_cast<int>(p.block_size);
+      if (detail::q4_decode_chunk(chunk, isa)) nonfinite = true;
+      if (chunk.sum == sum_f32.data()) output.scatter(p.begin + start, n, chunk.sum);
     }
-    for (int i = 0; i < n; ++i) {
-      sum[i] = math::div_rn(sum[i], p.divisor);
-      if (!math::is_finite_bits(math::float_bits(sum[i]))) nonfinite = true;
-    }
-    output.scatter(p.begin + start, n, sum);
   }
   if (p.nonfinite != nullptr && nonfinite) *p.nonfinite = 1;
 }

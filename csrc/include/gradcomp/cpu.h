@@ -8,6 +8,18 @@
 namespace gradcomp {
 namespace cpu {
 
+// Instruction sets the CPU q4 loops can use. Every one writes the same bytes as kPortable, the
+// reference; the fastest one this CPU supports is chosen at first use. kAvx512 is the AVX2
+// loops with 512-bit random-bit generation.
+enum class Isa : uint8_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+
+const char* isa_name(Isa isa);
+bool isa_supported(Isa isa);
+Isa active_isa();
+// For tests and benchmarks: selects the loops every later call uses (process-wide). Throws Error
+// when this CPU lacks the instruction set.
+void set_active_isa(Isa isa);
+
 // Encodes one q4 payload. Throws Error on bad parameters. num_threads splits blocks over threads.
 void q4_encode(const Q4EncodeParams& params, int num_threads = 1);
 

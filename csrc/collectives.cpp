@@ -45,10 +45,26 @@ class CpuBackend final : public Backend {
     nonfinite_ = 0;
     return bad;
   }
+  void end_bucket(const ResidualPair* pairs, int count) override {
+    GRADCOMP_CHECK(count >= 0 && count <= EndBucketParams::kMaxPairs,
+                   "end_bucket: " << count << " residual pairs");
+    if (nonfinite_ != 0) {
+      for (int i = 0; i < count; ++i)
+        std::memcpy(pairs[i].candidate, pairs[i].committed, static_cast<size_t>(pairs[i].bytes));
+      ++nonfinite_buckets_;
+    }
+    nonfinite_ = 0;
+  }
+  uint64_t take_nonfinite_buckets() override {
+    const uint64_t n = nonfinite_buckets_;
+    nonfinite_buckets_ = 0;
+    return n;
+  }
 
  private:
   int threads_;
   uint32_t nonfinite_ = 0;
+  uint64_t nonfinite_buckets_ = 0;
 };
 
 // Owns one backend allocation.
@@ -272,26 +288,48 @@ void CompressedAllreduce::check_layout(const Bucket& b, uint64_t bucket_id) {
 
 bool CompressedAllreduce::allreduce(const Segment* segments, int num_segments, DType dtype,
                                     uint64_t bucket_id) {
+  backend_.take_nonfinite_buckets();
+  enqueue_allreduce(segments, num_segments, dtype, bucket_id);
+  return backend_.take_nonfinite_buckets() == 0;
+}
+
+void CompressedAllreduce::enqueue_allreduce(const Segment* segments, int num_segments, DType dtype,
+                                            uint64_t bucket_id) {
   Bucket& b = bucket_for(segments, num_segments, dtype, bucket_id);
   if (!b.layout_checked) {
     check_layout(b, bucket_id);
     b.layout_checked = true;
   }
-  backend_.take_decode_status();
-  bool finite;
   if (config_.codec == Codec::kTopK) {
-    finite = run_topk(b, segments, num_segments, dtype);
+    run_topk(b, segments, num_segments, dtype);
   } else if (config_.q4_algorithm == Q4Algorithm::kTwoPhase) {
-    finite = run_q4_two_phase(b, segments, num_segments, dtype);
+    run_q4_two_phase(b, segments, num_segments, dtype);
   } else {
-    finite = run_q4_one_phase(b, segments, num_segments, dtype);
+    run_q4_one_phase(b, segments, num_segments, dtype);
   }
-  // Every rank decoded the same payloads, so every rank takes the same branch here.
-  if (finite && config_.error_feedback) b.current ^= 1;
-  return finite;
+  // A non-finite result (on every rank alike: all decoded the same payloads) leaves the
+  // committed residuals in place; end_bucket copies them over the candidates on the device, so
+  // adopting the candidates is right either way and needs no host decision.
+  ResidualPair pairs[EndBucketParams::kMaxPairs];
+  int count = 0;
+  if (config_.error_feedback) {
+    for (Buffer* r : {b.residual, b.chunk_residual}) {
+      if (r[0].get() == nullptr) continue;
+      pairs[count].candidate = r[b.current ^ 1].get();
+      pairs[count].committed = r[b.current].get();
+      pairs[count].bytes = r[0].bytes();
+      ++count;
+    }
+  }
+  backend_.end_bucket(pairs, count);
+  if (config_.error_feedback) b.current ^= 1;
 }
 
-bool CompressedAllreduce::run_q4_two_phase(Bucket& b, const Segment* segments, int num_segments,
+uint64_t CompressedAllreduce::synchronize() {
+  return backend_.take_nonfinite_buckets();
+}
+
+void CompressedAllreduce::run_q4_two_phase(Bucket& b, const Segment* segments, int num_segments,
                                            DType dtype) {
   const int world = comm_.world_size();
   const int rank = comm_.rank();
@@ -335,8 +373,8 @@ bool CompressedAllreduce::run_q4_two_phase(Bucket& b, const Segment* segments, i
   d.dtype = math::kDtypeF32;
   d.begin = rank * b.chunk;
   d.divisor = 1.0f;
+  // A non-finite chunk sum re-encodes to NaN scales, so the final decode flags it on every rank.
   backend_.q4_decode(d);
-  backend_.take_decode_status();
 
   Q4EncodeParams e;
   e.segments = &work;
@@ -371,10 +409,9 @@ bool CompressedAllreduce::run_q4_two_phase(Bucket& b, const Segment* segments, i
     o.divisor = static_cast<float>(world);
     backend_.q4_decode(o);
   }
-  return !backend_.take_decode_status();
 }
 
-bool CompressedAllreduce::run_q4_one_phase(Bucket& b, const Segment* segments, int num_segments,
+void CompressedAllreduce::run_q4_one_phase(Bucket& b, const Segment* segments, int num_segments,
                                            DType dtype) {
   const int world = comm_.world_size();
   Q4EncodeParams e;
@@ -407,10 +444,9 @@ bool CompressedAllreduce::run_q4_one_phase(Bucket& b, const Segment* segments, i
   d.dtype = static_cast<uint8_t>(dtype);
   d.divisor = static_cast<float>(world);
   backend_.q4_decode(d);
-  return !backend_.take_decode_status();
 }
 
-bool CompressedAllreduce::run_topk(Bucket& b, const Segment* segments, int num_segments,
+void CompressedAllreduce::run_topk(Bucket& b, const Segment* segments, int num_segments,
                                    DType dtype) {
   const int world = comm_.world_size();
   const int64_t capacity = topk_capacity(b.numel, config_.topk);
@@ -447,7 +483,6 @@ bool CompressedAllreduce::run_topk(Bucket& b, const Segment* segments, int num_s
   d.divisor = static_cast<float>(world);
   d.workspace = b.workspace.get();
   backend_.topk_decode(d);
-  return !backend_.take_decode_status();
 }
 
 CompressionState CompressedAllreduce::state() const {

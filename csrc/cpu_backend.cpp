@@ -8,11 +8,13 @@
 #include "element_math.h"
 #include "gradcomp/cpu.h"
 #include "gradcomp/format.h"
+#include "segment_checks.h"
 
 namespace gradcomp {
 namespace cpu {
 namespace {
 
+using ::gradcomp::detail::check_segments;
 using math::PayloadHeader;
 
 // Converts n elements starting at base[first] to fp32; the dtype branch stays out of the loop.
@@ -104,25 +106,6 @@ class SegmentView {
   int count_;
   uint8_t dtype_;
 };
-
-void check_segments(const Segment* segments, int count, int64_t begin, int64_t numel,
-                    const char* what) {
-  GRADCOMP_CHECK(count >= 0 && (count == 0 || segments != nullptr), what << ": no segment table");
-  int64_t expect = count > 0 ? segments[0].offset : 0;
-  for (int i = 0; i < count; ++i) {
-    GRADCOMP_CHECK(segments[i].offset == expect && segments[i].numel >= 0,
-                   what << ": segment " << i << " has offset " << segments[i].offset
-                        << ", expected " << expect << " (segments must be contiguous in order)");
-    GRADCOMP_CHECK(segments[i].numel == 0 || segments[i].data != nullptr,
-                   what << ": segment " << i << " has no data");
-    expect += segments[i].numel;
-  }
-  int64_t first = count > 0 ? segments[0].offset : 0;
-  GRADCOMP_CHECK(numel >= 0, what << ": element count " << numel << " is negative");
-  GRADCOMP_CHECK(numel == 0 || (begin >= first && begin + numel <= expect),
-                 what << ": range [" << begin << ", " << begin + numel
-                      << ") is outside the segments' elements [" << first << ", " << expect << ")");
-}
 
 void check_dtype(uint8_t d, const char* what) {
   GRADCOMP_CHECK(d <= math::kDtypeBF16, what << ": invalid dtype code " << int(d));

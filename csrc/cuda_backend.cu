@@ -1,4 +1,6 @@
 // CUDA backend: validates parameters on the host, stages tables to the device, calls launchers.
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -6,6 +8,7 @@
 #include "gradcomp/cuda.h"
 #include "gradcomp/format.h"
 #include "launchers.h"
+#include "segment_checks.h"
 
 namespace gradcomp {
 namespace cuda {
@@ -30,20 +33,7 @@ void check_q4(const Q4EncodeParams& p) {
   GRADCOMP_CHECK(p.payload != nullptr, "q4 encode: payload is null");
 }
 
-void check_segments(const Segment* segs, int count, int64_t begin, int64_t numel,
-                    const char* what) {
-  GRADCOMP_CHECK(count >= 1 && segs != nullptr, what << ": no segments");
-  int64_t expect = segs[0].offset;
-  for (int i = 0; i < count; ++i) {
-    GRADCOMP_CHECK(
-        segs[i].offset == expect && segs[i].numel >= 0 && (segs[i].numel == 0 || segs[i].data),
-        what << ": segment " << i << " is not contiguous with the previous one or has no data");
-    expect += segs[i].numel;
-  }
-  GRADCOMP_CHECK(
-      numel == 0 || (begin >= segs[0].offset && begin + numel <= expect),
-      what << ": range [" << begin << ", " << begin + numel << ") is outside the segments");
-}
+using ::gradcomp::detail::check_segments;
 
 class CudaBackend final : public Backend {
  public:
@@ -54,13 +44,18 @@ class CudaBackend final : public Backend {
       GRADCOMP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
       owns_stream_ = true;
     }
-    GRADCOMP_CUDA_CHECK(cudaMalloc(&flags_, 2 * sizeof(int32_t)));
-    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_, 0, 2 * sizeof(int32_t), stream_));
+    GRADCOMP_CUDA_CHECK(cudaMalloc(&flags_, kFlagWords * sizeof(int32_t)));
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_, 0, kFlagWords * sizeof(int32_t), stream_));
   }
+  // Destructors cannot throw: errors here are ignored, the memory is released regardless.
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     cudaFree(flags_);
-    cudaFree(tables_);
+    for (TableSlot& slot : tables_) {
+      if (slot.done != nullptr) cudaEventDestroy(slot.done);
+      cudaFreeHost(slot.host);
+      cudaFree(slot.device);
+    }
     if (owns_stream_) cudaStreamDestroy(stream_);
   }
   bool is_cuda() const override { return true; }
@@ -89,17 +84,18 @@ class CudaBackend final : public Backend {
     check_q4(p);
     check_segments(p.segments, p.num_segments, p.begin, p.numel, "q4 encode");
     Q4EncodeParams d = p;
-    d.segments = stage_segments(p.segments, p.num_segments);
+    TableSlot& slot = stage_segments(d.segments, p.num_segments);
     GRADCOMP_CUDA_CHECK(kernels::run_q4_encode(d, options_.max_encode_ctas, stream_));
+    GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
   void q4_decode(const Q4DecodeParams& p) override {
     Q4Options{static_cast<int>(p.block_size)}.validate();
     check_segments(p.segments, p.num_segments, p.begin, p.numel, "q4 decode");
     GRADCOMP_CHECK(p.num_payloads >= 1, "q4 decode: no payloads");
     Q4DecodeParams d = p;
-    stage_decode(d);
+    TableSlot& slot = stage_decode(d);
     GRADCOMP_CUDA_CHECK(kernels::run_q4_decode(d, stream_));
-    check_status("q4 decode");
+    GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
   void topk_encode(const TopKEncodeParams& p) override {
     check_segments(p.segments, p.num_segments, p.begin, p.numel, "top-k encode");
@@ -111,17 +107,18 @@ class CudaBackend final : public Backend {
                    "top-k encode: k " << p.k << " or capacity " << p.capacity << " out of range");
     GRADCOMP_CHECK(p.workspace != nullptr, "top-k encode: no workspace");
     TopKEncodeParams d = p;
-    d.segments = stage_segments(p.segments, p.num_segments);
+    TableSlot& slot = stage_segments(d.segments, p.num_segments);
     GRADCOMP_CUDA_CHECK(kernels::run_topk_encode(d, stream_));
+    GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
   void topk_decode(const TopKDecodeParams& p) override {
     check_segments(p.segments, p.num_segments, p.begin, p.numel, "top-k decode");
     GRADCOMP_CHECK(p.num_payloads >= 1 && p.workspace != nullptr,
                    "top-k decode: no payloads or workspace");
     TopKDecodeParams d = p;
-    stage_decode(d);
+    TableSlot& slot = stage_decode(d);
     GRADCOMP_CUDA_CHECK(kernels::run_topk_decode(d, stream_));
-    check_status("top-k decode");
+    GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
   size_t topk_workspace_bytes(int64_t numel) const override {
     const size_t sums = static_cast<size_t>(numel) * 4;
@@ -129,77 +126,119 @@ class CudaBackend final : public Backend {
     return sums > select ? sums : select;
   }
   bool take_decode_status() override {
-    int32_t host[2];
-    GRADCOMP_CUDA_CHECK(
-        cudaMemcpyAsync(host, flags_, sizeof host, cudaMemcpyDeviceToHost, stream_));
-    GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_, 0, sizeof host, stream_));
-    GRADCOMP_CHECK(host[0] == 0, "CUDA decode rejected a payload: "
-                                     << (host[0] == 100 ? "index out of range or out of order"
-                                                        : header_status_message(host[0])));
-    return host[1] != 0;
+    const Flags f = read_flags();
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kNonfinite, 0, sizeof(int32_t), stream_));
+    return f.nonfinite != 0;
+  }
+  void end_bucket(const ResidualPair* pairs, int count) override {
+    GRADCOMP_CHECK(count >= 0 && count <= EndBucketParams::kMaxPairs,
+                   "end_bucket: " << count << " residual pairs");
+    EndBucketParams e;
+    for (int i = 0; i < count; ++i) e.pairs[i] = pairs[i];
+    e.num_pairs = count;
+    e.nonfinite = reinterpret_cast<const uint32_t*>(flags_ + kNonfinite);
+    e.nonfinite_buckets = reinterpret_cast<uint32_t*>(flags_ + kNonfiniteBuckets);
+    GRADCOMP_CUDA_CHECK(kernels::run_end_bucket(e, stream_));
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kNonfinite, 0, sizeof(int32_t), stream_));
+  }
+  uint64_t take_nonfinite_buckets() override {
+    const Flags f = read_flags();
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kNonfiniteBuckets, 0, sizeof(int32_t), stream_));
+    return static_cast<uint32_t>(f.nonfinite_buckets);
   }
 
  private:
+  // Status words on the device: a decoder's rejection code (decoders write nothing while it is
+  // non-zero), the non-finite flag of the current bucket, and the non-finite bucket count.
+  enum : int { kStatus = 0, kNonfinite = 1, kNonfiniteBuckets = 2, kFlagWords = 3 };
+  struct Flags {
+    int32_t status, nonfinite, nonfinite_buckets;
+  };
+
+  // Waits for the stream, then reads the status words; a rejection is cleared and thrown.
+  Flags read_flags() {
+    Flags f;
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&f, flags_, sizeof f, cudaMemcpyDeviceToHost, stream_));
+    GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (f.status != 0) {
+      GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kStatus, 0, sizeof(int32_t), stream_));
+      GRADCOMP_CHECK(false, "CUDA decode rejected a payload: "
+                                << (f.status == 100 ? "index out of range or out of order"
+                                                    : header_status_message(f.status)));
+    }
+    return f;
+  }
+
+  // Launch tables (segment lists, payload pointers) go through a ring of pinned host and device
+  // slots. A slot is reused only after the event recorded behind its last launch has passed,
+  // which with kTableSlots slots is long before the host gets back to it: staging never
+  // synchronizes the stream.
+  static constexpr int kTableSlots = 64;
+  struct TableSlot {
+    char* host = nullptr;
+    char* device = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;
+  };
+
+  TableSlot& acquire_table(size_t bytes) {
+    TableSlot& slot = tables_[next_table_];
+    next_table_ = (next_table_ + 1) % kTableSlots;
+    if (slot.done == nullptr) {
+      GRADCOMP_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+    } else {
+      GRADCOMP_CUDA_CHECK(cudaEventSynchronize(slot.done));
+    }
+    if (bytes > slot.bytes) {
+      GRADCOMP_CUDA_CHECK(cudaFreeHost(slot.host));
+      GRADCOMP_CUDA_CHECK(cudaFree(slot.device));
+      slot.host = nullptr;
+      slot.device = nullptr;
+      slot.bytes = std::max<size_t>(4096, bytes * 2);
+      GRADCOMP_CUDA_CHECK(cudaMallocHost(&slot.host, slot.bytes));
+      GRADCOMP_CUDA_CHECK(cudaMalloc(&slot.device, slot.bytes));
+    }
+    return slot;
+  }
+
   static size_t align(size_t b) { return (b + 15) / 16 * 16; }
 
-  // Decoders report a rejected payload at once, so the caller can name the call that failed.
-  void check_status(const char* what) {
-    int32_t status = 0;
-    GRADCOMP_CUDA_CHECK(
-        cudaMemcpyAsync(&status, flags_, sizeof status, cudaMemcpyDeviceToHost, stream_));
-    GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (status != 0) {
-      GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_, 0, sizeof status, stream_));
-      GRADCOMP_CHECK(false, what << " rejected a payload: "
-                                 << (status == 100 ? "index out of range or out of order"
-                                                   : header_status_message(status)));
-    }
-  }
-
-  // Device table space; grows (after draining the stream) when a launch needs more.
-  char* reserve(size_t bytes) {
-    if (bytes > table_bytes_) {
-      GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      GRADCOMP_CUDA_CHECK(cudaFree(tables_));
-      table_bytes_ = bytes * 2;
-      GRADCOMP_CUDA_CHECK(cudaMalloc(&tables_, table_bytes_));
-    }
-    // Earlier launches may still read the table: wait before overwriting it.
-    GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return static_cast<char*>(tables_);
-  }
-
   // Copies a decoder's segment table and payload pointer array to the device in one transfer and
-  // points the params at them and at the backend's status words.
+  // points the params at them and at the backend's status words. The caller records slot.done
+  // after its launch.
   template <typename Params>
-  void stage_decode(Params& d) {
+  TableSlot& stage_decode(Params& d) {
     const size_t seg_bytes = align(sizeof(Segment) * d.num_segments);
-    char* table = reserve(seg_bytes + sizeof(void*) * d.num_payloads);
-    std::vector<char> host(seg_bytes + sizeof(void*) * d.num_payloads);
-    std::memcpy(host.data(), d.segments, sizeof(Segment) * d.num_segments);
-    std::memcpy(host.data() + seg_bytes, d.payloads, sizeof(void*) * d.num_payloads);
+    const size_t bytes = seg_bytes + sizeof(void*) * d.num_payloads;
+    TableSlot& slot = acquire_table(bytes);
+    std::memcpy(slot.host, d.segments, sizeof(Segment) * d.num_segments);
+    std::memcpy(slot.host + seg_bytes, d.payloads, sizeof(void*) * d.num_payloads);
     GRADCOMP_CUDA_CHECK(
-        cudaMemcpyAsync(table, host.data(), host.size(), cudaMemcpyHostToDevice, stream_));
-    d.segments = reinterpret_cast<const Segment*>(table);
-    d.payloads = reinterpret_cast<const uint8_t* const*>(table + seg_bytes);
-    d.status = flags_;
-    d.nonfinite = reinterpret_cast<uint32_t*>(flags_ + 1);
+        cudaMemcpyAsync(slot.device, slot.host, bytes, cudaMemcpyHostToDevice, stream_));
+    d.segments = reinterpret_cast<const Segment*>(slot.device);
+    d.payloads = reinterpret_cast<const uint8_t* const*>(slot.device + seg_bytes);
+    d.status = flags_ + kStatus;
+    d.nonfinite = reinterpret_cast<uint32_t*>(flags_ + kNonfinite);
+    return slot;
   }
 
-  const Segment* stage_segments(const Segment* segs, int count) {
-    char* table = reserve(sizeof(Segment) * count);
+  // Stages a segment table and repoints `segments` at the device copy.
+  TableSlot& stage_segments(const Segment*& segments, int count) {
+    const size_t bytes = sizeof(Segment) * count;
+    TableSlot& slot = acquire_table(bytes);
+    std::memcpy(slot.host, segments, bytes);
     GRADCOMP_CUDA_CHECK(
-        cudaMemcpyAsync(table, segs, sizeof(Segment) * count, cudaMemcpyHostToDevice, stream_));
-    return reinterpret_cast<const Segment*>(table);
+        cudaMemcpyAsync(slot.device, slot.host, bytes, cudaMemcpyHostToDevice, stream_));
+    segments = reinterpret_cast<const Segment*>(slot.device);
+    return slot;
   }
 
   CudaBackendOptions options_;
   cudaStream_t stream_ = nullptr;
   bool owns_stream_ = false;
   int32_t* flags_ = nullptr;
-  void* tables_ = nullptr;
-  size_t table_bytes_ = 0;
+  std::array<TableSlot, kTableSlots> tables_;
+  int next_table_ = 0;
 };
 
 }  // namespace

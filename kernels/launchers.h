@@ -26,5 +26,8 @@ cudaError_t run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream);
 // p.workspace holds numel fp32 sums; *p.status must be zero on entry.
 cudaError_t run_topk_decode(const TopKDecodeParams& p, cudaStream_t stream);
 
+// Reads the flag on the device, so the host never waits to choose a bucket's residuals.
+cudaError_t run_end_bucket(const EndBucketParams& p, cudaStream_t stream);
+
 }  // namespace kernels
 }  // namespace gradcomp

@@ -89,4 +89,22 @@ struct TopKDecodeParams {
   void* workspace = nullptr;  // CUDA: numel fp32 sums
 };
 
+// A residual buffer one bucket's reduction wrote (candidate) and the one it started from
+// (committed).
+struct ResidualPair {
+  void* candidate = nullptr;
+  const void* committed = nullptr;
+  uint64_t bytes = 0;
+};
+
+// Ends a bucket's reduction in stream order: when *nonfinite is set, every pair's committed
+// bytes are copied over its candidate and *nonfinite_buckets is incremented.
+struct EndBucketParams {
+  static constexpr int kMaxPairs = 2;
+  ResidualPair pairs[kMaxPairs];
+  int num_pairs = 0;
+  const uint32_t* nonfinite = nullptr;
+  uint32_t* nonfinite_buckets = nullptr;
+};
+
 }  // namespace gradcomp

@@ -36,7 +36,7 @@ struct NvtxRange {
   }
 };
 
-#define GRADCOMP_PHASE(name)                          \
+#define GRADCOMP_PHASE(name)                         \
   RECORD_FUNCTION(name, std::vector<c10::IValue>()); \
   NvtxRange gradcomp_nvtx_range_(name)
 
@@ -120,6 +120,7 @@ HookCore::HookCore(c10::intrusive_ptr<c10d::ProcessGroup> group, HookOptions opt
     : group_(std::move(group)), options_(std::move(options)) {
   GRADCOMP_TORCH_CHECK(group_, "the DDP model has no process group");
   call_core([&] { options_.config.validate(); });
+  cpu_backend_ = make_cpu_backend(1);
   worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -142,9 +143,10 @@ CompressedAllreduce& HookCore::engine_for(const at::Tensor& bucket) {
     comm_ = std::make_unique<ProcessGroupCommunicator>(group_, device);
   }
   if (!engine_ && options_.compress) {
-    engine_ = call_core([&] {
-      return std::make_unique<CompressedAllreduce>(*comm_, backend_for(bucket), options_.config);
-    });
+    // CUDA: the backend of the current stream, which is the hook's compression stream.
+    Backend& backend = device.is_cuda() ? backend_for(bucket) : *cpu_backend_;
+    engine_ = call_core(
+        [&] { return std::make_unique<CompressedAllreduce>(*comm_, backend, options_.config); });
     if (pending_state_) {
       call_core([&] { engine_->load_state(*pending_state_); });
       pending_state_.reset();
@@ -158,13 +160,26 @@ c10::intrusive_ptr<c10::ivalue::Future> HookCore::submit(at::Tensor bucket, int6
   check_gradient_tensor(bucket, "DDP bucket");
   if (bucket.device().is_cuda()) {
 #if defined(GRADCOMP_HAVE_CUDA)
-    // Compression runs on a pool stream ordered after the stream that filled the bucket; the
-    // future is created with the device and completed while that stream is current, so it
-    // records CUDA events there and the reducer's wait orders the backward stream after them.
+    // Compression runs on one high-priority stream of this hook (the engine's backend is bound
+    // to it), ordered after the stream that filled the bucket. Nothing here waits for the
+    // device: the future is created with the device and completed while the compression stream
+    // is current, so it records CUDA events there and the reducer's wait orders the backward
+    // stream after them.
     const c10::Device device = bucket.device();
-    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get(), std::vector<c10::Device>{device});
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get(),
+                                                           std::vector<c10::Device>{device});
     c10::cuda::CUDAStream filled = c10::cuda::getCurrentCUDAStream(device.index());
-    c10::cuda::CUDAStream compress = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index());
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      if (!cuda_stream_) {
+        cuda_stream_ =
+            c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index()).unwrap();
+      }
+      GRADCOMP_TORCH_CHECK(cuda_stream_->device() == device, "DDP bucket on ", device,
+                           " but this hook compresses on ", cuda_stream_->device(),
+                           "; register one hook per device");
+    }
+    c10::cuda::CUDAStream compress(c10::cuda::CUDAStream::UNCHECKED, *cuda_stream_);
     c10::cuda::CUDAStreamGuard guard(compress);
     c10::cuda::CUDAEvent ready;
     ready.record(filled);
@@ -182,8 +197,8 @@ c10::intrusive_ptr<c10::ivalue::Future> HookCore::submit(at::Tensor bucket, int6
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    queue_.push_back(
-        Job{bucket, index, identity, future, at::get_record_function_tls_(), c10::ThreadLocalDebugInfo::current()});
+    queue_.push_back(Job{bucket, index, identity, future, at::get_record_function_tls_(),
+                         c10::ThreadLocalDebugInfo::current()});
   }
   queue_cv_.notify_one();
   return future;
@@ -219,8 +234,16 @@ void HookCore::reduce(at::Tensor bucket, int64_t index, uint64_t identity) {
   std::lock_guard<std::mutex> lock(state_mu_);
   CompressedAllreduce* engine = options_.compress ? &engine_for(bucket) : nullptr;
   if (!comm_) comm_ = std::make_unique<ProcessGroupCommunicator>(group_, bucket.device());
-  // Bucket 0 arriving again starts a new step (DDP launches buckets in index order).
+  const bool queued = bucket.is_cuda();
+  // Bucket 0 arriving again starts a new step (DDP launches buckets in index order). Queued
+  // (CUDA) steps report their non-finite buckets and any rejected payload here, one step late:
+  // by now the optimizer has consumed them, so this does not stall the device.
   if (index == 0 && started_) {
+    if (engine != nullptr && queued) {
+      const uint64_t nonfinite = call_core([&] { return engine->synchronize(); });
+      step_stats_.nonfinite_buckets += nonfinite;
+      total_.nonfinite_buckets += nonfinite;
+    }
     if (engine != nullptr) engine->advance_step();
     last_step_ = step_stats_;
     step_stats_ = HookStats{};
@@ -234,7 +257,11 @@ void HookCore::reduce(at::Tensor bucket, int64_t index, uint64_t identity) {
   if (engine != nullptr) {
     const DType dtype = to_dtype(bucket.scalar_type(), "DDP bucket");
     Segment seg = whole_segment(bucket);
-    finite = call_core([&] { return engine->allreduce(&seg, 1, dtype, identity); });
+    if (queued) {
+      call_core([&] { engine->enqueue_allreduce(&seg, 1, dtype, identity); });
+    } else {
+      finite = call_core([&] { return engine->allreduce(&seg, 1, dtype, identity); });
+    }
   } else {
     // DDP without a hook multiplies each gradient by 1/W before a SUM allreduce; doing the same
     // keeps NoCompression bit-identical to it.

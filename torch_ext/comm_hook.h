@@ -2,9 +2,11 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/record_function.h>
-#include <c10/util/ThreadLocalDebugInfo.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
+#include <c10/core/Stream.h>
+#include <c10/util/Optional.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <condition_variable>
 #include <deque>
@@ -54,7 +56,8 @@ class HookCore {
   // Queues one bucket; the future completes with the averaged bucket (written in place).
   c10::intrusive_ptr<c10::ivalue::Future> submit(at::Tensor bucket, int64_t index,
                                                  uint64_t identity);
-  // Averages one bucket now, on the calling thread.
+  // Averages one bucket on the calling thread. CPU buckets are done on return; CUDA buckets are
+  // queued on the current stream (the hook's compression stream) and done when it gets there.
   void reduce(at::Tensor bucket, int64_t index, uint64_t identity);
 
   HookStats last_step_stats() const;
@@ -83,6 +86,8 @@ class HookCore {
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   HookOptions options_;
+  std::unique_ptr<Backend> cpu_backend_;    // this hook's own, so no other caller shares its flags
+  c10::optional<c10::Stream> cuda_stream_;  // the compression stream, chosen at the first bucket
   std::unique_ptr<ProcessGroupCommunicator> comm_;
   std::unique_ptr<CompressedAllreduce> engine_;
   mutable std::mutex state_mu_;  // engine, stats, step boundaries

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "gradcomp/cuda.h"
 #include "gradcomp/nccl_communicator.h"
@@ -147,7 +148,9 @@ TEST(GpuQ4, CorruptHeaderIsRejectedAndOutputUntouched) {
   d.numel = 1000;
   d.segments = &seg;
   d.num_segments = 1;
-  EXPECT_THROW(backend->q4_decode(d), Error);
+  // Decodes are queued; the rejection is reported at the next status check.
+  backend->q4_decode(d);
+  EXPECT_THROW(backend->take_decode_status(), Error);
   auto out = dy.host();
   EXPECT_EQ(std::memcmp(out.data(), sentinel.data(), 4000), 0);
 }
@@ -222,7 +225,8 @@ TEST(GpuTopK, OutOfRangeIndexIsRejectedOnTheDevice) {
   TopKDecodeParams d = testing::topk_decode_params(ptrs, enc.payload.size(), 2000, 20,
                                                    DType::kFloat32, &seg, DType::kFloat32);
   d.workspace = ws.get();
-  EXPECT_THROW(backend->topk_decode(d), Error);
+  backend->topk_decode(d);
+  EXPECT_THROW(backend->take_decode_status(), Error);
   auto out = dy.host();
   EXPECT_EQ(std::memcmp(out.data(), sentinel.data(), 8000), 0);
 }
@@ -256,6 +260,50 @@ TEST(GpuCollectives, NcclEngineMatchesTheCpuEngine) {
       cpu_engine.advance_step();
       ASSERT_EQ(dx.host(), x.bytes) << "step " << step;
     }
+  }
+  ncclCommDestroy(comm);
+  cudaStreamDestroy(stream);
+}
+
+// The queued path (what the DDP hook uses on CUDA) gives the CPU engine's bytes, and a
+// non-finite step keeps the residuals on the device exactly as the CPU engine keeps them.
+TEST(GpuCollectives, QueuedNcclEngineKeepsResidualsOnNonFiniteSteps) {
+  SKIP_WITHOUT_GPU();
+  ncclComm_t comm;
+  int dev = 0;
+  GRADCOMP_NCCL_CHECK(ncclCommInitAll(&comm, 1, &dev));
+  cudaStream_t stream;
+  GRADCOMP_CUDA_CHECK(cudaStreamCreate(&stream));
+  for (Codec codec : {Codec::kQ4, Codec::kTopK}) {
+    CompressionConfig c;
+    c.codec = codec;
+    c.seed = 11;
+    NcclCommunicator nccl(comm, stream);
+    cuda::CudaBackendOptions o;
+    o.stream = stream;
+    auto gpu = cuda::make_cuda_backend(o);
+    CompressedAllreduce gpu_engine(nccl, *gpu, c);
+    InProcessGroup group(1);
+    auto cpu_backend = make_cpu_backend();
+    CompressedAllreduce cpu_engine(group.communicator(0), *cpu_backend, c);
+    uint64_t cpu_nonfinite = 0;
+    for (int step = 0; step < 4; ++step) {
+      auto v = testing::normal_floats(5003, 40 + step);
+      if (step == 2) v[77] = std::numeric_limits<float>::quiet_NaN();
+      HostTensor x = HostTensor::from_floats(DType::kFloat32, v);
+      DeviceBuffer dx(x.bytes.data(), x.bytes.size());
+      Segment gseg{dx.get(), 0, x.numel}, cseg = x.segment();
+      gpu_engine.enqueue_allreduce(&gseg, 1, DType::kFloat32, 3);
+      if (!cpu_engine.allreduce(&cseg, 1, DType::kFloat32, 3)) ++cpu_nonfinite;
+      gpu_engine.advance_step();
+      cpu_engine.advance_step();
+      ASSERT_EQ(dx.host(), x.bytes) << "step " << step;
+    }
+    EXPECT_EQ(cpu_nonfinite, 1u);
+    EXPECT_EQ(gpu_engine.synchronize(), cpu_nonfinite);
+    const CompressionState gs = gpu_engine.state(), cs = cpu_engine.state();
+    EXPECT_EQ(gs.residuals, cs.residuals);
+    EXPECT_EQ(gs.chunk_residuals, cs.chunk_residuals);
   }
   ncclCommDestroy(comm);
   cudaStreamDestroy(stream);

@@ -47,9 +47,18 @@ class Backend {
   virtual void topk_decode(const TopKDecodeParams& p) = 0;
   // Bytes of top-k workspace needed for a bucket of numel elements.
   virtual size_t topk_workspace_bytes(int64_t numel) const = 0;
-  // Reports and clears whether a decode since the last call produced non-finite values.
-  // Throws Error if a decode rejected a payload.
+  // Waits for the backend's queued work (nothing to wait for on the CPU). Throws Error if a
+  // decode rejected a payload since the last check; reports and clears whether a decode
+  // produced non-finite values.
   virtual bool take_decode_status() = 0;
+  // Ends one bucket's reduction in stream order, without waiting: when a decode since the last
+  // end_bucket() produced non-finite values, copies each pair's committed residual over its
+  // candidate (so the caller adopts the candidates either way) and counts the bucket as
+  // non-finite. Clears the non-finite flag. At most EndBucketParams::kMaxPairs pairs.
+  virtual void end_bucket(const ResidualPair* pairs, int count) = 0;
+  // Waits for the backend's queued work; throws Error if a decode rejected a payload since the
+  // last check; returns and clears the number of non-finite buckets end_bucket() counted.
+  virtual uint64_t take_nonfinite_buckets() = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int num_threads = 1);
@@ -92,6 +101,17 @@ class CompressedAllreduce {
   // result holds non-finite values; the residuals are then left as they were.
   bool allreduce(const Segment* segments, int num_segments, DType dtype, uint64_t bucket_id);
 
+  // The same reduction, only queued: on a CUDA backend every step runs in stream order and the
+  // host never waits (except for a bucket's first call, which checks the layout across ranks).
+  // Which residuals to keep is decided on the device. Results are valid once the backend's
+  // stream reaches this point; synchronize() reports what happened.
+  void enqueue_allreduce(const Segment* segments, int num_segments, DType dtype,
+                         uint64_t bucket_id);
+
+  // Waits for queued reductions. Throws Error if a decode rejected a payload; returns how many
+  // buckets came out non-finite since the last call.
+  uint64_t synchronize();
+
   uint32_t step() const { return step_; }
   void set_step(uint32_t step) { step_ = step; }
   void advance_step() { ++step_; }
@@ -104,9 +124,9 @@ class CompressedAllreduce {
   struct Bucket;
   Bucket& bucket_for(const Segment* segments, int num_segments, DType dtype, uint64_t bucket_id);
   void check_layout(const Bucket& b, uint64_t bucket_id);
-  bool run_q4_two_phase(Bucket& b, const Segment* segments, int num_segments, DType dtype);
-  bool run_q4_one_phase(Bucket& b, const Segment* segments, int num_segments, DType dtype);
-  bool run_topk(Bucket& b, const Segment* segments, int num_segments, DType dtype);
+  void run_q4_two_phase(Bucket& b, const Segment* segments, int num_segments, DType dtype);
+  void run_q4_one_phase(Bucket& b, const Segment* segments, int num_segments, DType dtype);
+  void run_topk(Bucket& b, const Segment* segments, int num_segments, DType dtype);
   math::RngKey rng(const Bucket& b, uint32_t phase) const;
 
   Communicator& comm_;

@@ -105,6 +105,18 @@ bool decode_chunk_portable(const Q4DecodeChunk& c) {
 
 // ---- AVX2: the same operations, eight lanes at a time -------------------------------------
 
+// Philox's key words for each of its ten rounds, as math::philox4x32_10 advances them.
+struct RoundKeys {
+  uint32_t k0[10], k1[10];
+  explicit RoundKeys(const math::RngKey& key) {
+    uint32_t a = math::q4_philox_key0(key), b = math::q4_philox_key1(key);
+    for (int round = 0; round < 10; ++round, a += math::kPhiloxWeyl0, b += math::kPhiloxWeyl1) {
+      k0[round] = a;
+      k1[round] = b;
+    }
+  }
+};
+
 GRADCOMP_AVX2 inline void mulhilo8(__m256i a, __m256i m, __m256i* hi, __m256i* lo) {
   const __m256i even = _mm256_mul_epu32(a, m);
   const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
@@ -132,8 +144,8 @@ GRADCOMP_AVX2 inline void philox8(const __m256i* round_k0, const __m256i* round_
     c2[v] = step;
     c3[v] = bucket;
   }
-  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
-  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(math::kPhiloxMul0));
+  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(math::kPhiloxMul1));
   for (int round = 0; round < 10; ++round) {
     for (int v = 0; v < kWays; ++v) {
       __m256i hi0, lo0, hi1, lo1;
@@ -163,14 +175,11 @@ GRADCOMP_AVX2 inline void philox8(const __m256i* round_k0, const __m256i* round_
 
 GRADCOMP_AVX2 void random_bits_avx2(const math::RngKey& key, int64_t first_element, int n,
                                     uint16_t* r16) {
+  const RoundKeys keys(key);
   __m256i k0v[10], k1v[10];
-  uint32_t k0 = static_cast<uint32_t>(key.seed) ^ (key.rank * 0x9E3779B9u);
-  uint32_t k1 = static_cast<uint32_t>(key.seed >> 32) ^ (key.phase * 0xBB67AE85u);
   for (int round = 0; round < 10; ++round) {
-    k0v[round] = _mm256_set1_epi32(static_cast<int>(k0));
-    k1v[round] = _mm256_set1_epi32(static_cast<int>(k1));
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
+    k0v[round] = _mm256_set1_epi32(static_cast<int>(keys.k0[round]));
+    k1v[round] = _mm256_set1_epi32(static_cast<int>(keys.k1[round]));
   }
   const __m256i step = _mm256_set1_epi32(static_cast<int>(key.step));
   const __m256i bucket = _mm256_set1_epi32(static_cast<int>(key.bucket));
@@ -202,8 +211,8 @@ GRADCOMP_AVX512 inline void philox16(const __m512i* round_k0, const __m512i* rou
     c2[v] = step;
     c3[v] = bucket;
   }
-  const __m512i m0 = _mm512_set1_epi32(static_cast<int>(0xD2511F53u));
-  const __m512i m1 = _mm512_set1_epi32(static_cast<int>(0xCD9E8D57u));
+  const __m512i m0 = _mm512_set1_epi32(static_cast<int>(math::kPhiloxMul0));
+  const __m512i m1 = _mm512_set1_epi32(static_cast<int>(math::kPhiloxMul1));
   constexpr auto kOddWords = static_cast<_MM_PERM_ENUM>(0xF5);   // dwords 1, 1, 3, 3
   constexpr auto kEvenWords = static_cast<_MM_PERM_ENUM>(0xA0);  // dwords 0, 0, 2, 2
   for (int round = 0; round < 10; ++round) {
@@ -244,14 +253,11 @@ GRADCOMP_AVX512 inline void philox16(const __m512i* round_k0, const __m512i* rou
 
 GRADCOMP_AVX512 void random_bits_avx512(const math::RngKey& key, int64_t first_element, int n,
                                         uint16_t* r16) {
+  const RoundKeys keys(key);
   __m512i k0v[10], k1v[10];
-  uint32_t k0 = static_cast<uint32_t>(key.seed) ^ (key.rank * 0x9E3779B9u);
-  uint32_t k1 = static_cast<uint32_t>(key.seed >> 32) ^ (key.phase * 0xBB67AE85u);
   for (int round = 0; round < 10; ++round) {
-    k0v[round] = _mm512_set1_epi32(static_cast<int>(k0));
-    k1v[round] = _mm512_set1_epi32(static_cast<int>(k1));
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
+    k0v[round] = _mm512_set1_epi32(static_cast<int>(keys.k0[round]));
+    k1v[round] = _mm512_set1_epi32(static_cast<int>(keys.k1[round]));
   }
   const __m512i step = _mm512_set1_epi32(static_cast<int>(key.step));
   const __m512i bucket = _mm512_set1_epi32(static_cast<int>(key.bucket));

@@ -231,25 +231,46 @@ TEST(GpuTopK, OutOfRangeIndexIsRejectedOnTheDevice) {
   EXPECT_EQ(std::memcmp(out.data(), sentinel.data(), 8000), 0);
 }
 
+// A one-rank NCCL communicator and a stream, released at scope exit.
+struct OneRankNccl {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  OneRankNccl() {
+    int dev = 0;
+    GRADCOMP_NCCL_CHECK(ncclCommInitAll(&comm, 1, &dev));
+    GRADCOMP_CUDA_CHECK(cudaStreamCreate(&stream));
+  }
+  ~OneRankNccl() {
+    ncclCommDestroy(comm);
+    cudaStreamDestroy(stream);
+  }
+};
+
+// The same configuration on the GPU (NCCL, one rank) and on the CPU (in-process, one rank).
+struct EnginePair {
+  NcclCommunicator nccl;
+  std::unique_ptr<Backend> gpu;
+  CompressedAllreduce gpu_engine;
+  InProcessGroup group{1};
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  CompressedAllreduce cpu_engine;
+  EnginePair(const OneRankNccl& rank, const CompressionConfig& c)
+      : nccl(rank.comm, rank.stream),
+        gpu(cuda::make_cuda_backend(cuda::CudaBackendOptions{0, rank.stream, 0})),
+        gpu_engine(nccl, *gpu, c),
+        cpu_engine(group.communicator(0), *cpu, c) {}
+};
+
 TEST(GpuCollectives, NcclEngineMatchesTheCpuEngine) {
   SKIP_WITHOUT_GPU();
-  ncclComm_t comm;
-  int dev = 0;
-  GRADCOMP_NCCL_CHECK(ncclCommInitAll(&comm, 1, &dev));
-  cudaStream_t stream;
-  GRADCOMP_CUDA_CHECK(cudaStreamCreate(&stream));
+  OneRankNccl nccl_rank;
   for (Codec codec : {Codec::kQ4, Codec::kTopK}) {
     CompressionConfig c;
     c.codec = codec;
     c.seed = 9;
-    NcclCommunicator nccl(comm, stream);
-    cuda::CudaBackendOptions o;
-    o.stream = stream;
-    auto gpu = cuda::make_cuda_backend(o);
-    CompressedAllreduce gpu_engine(nccl, *gpu, c);
-    InProcessGroup group(1);
-    auto cpu_backend = make_cpu_backend();
-    CompressedAllreduce cpu_engine(group.communicator(0), *cpu_backend, c);
+    EnginePair engines(nccl_rank, c);
+    CompressedAllreduce& gpu_engine = engines.gpu_engine;
+    CompressedAllreduce& cpu_engine = engines.cpu_engine;
     for (int step = 0; step < 3; ++step) {
       HostTensor x = HostTensor::from_floats(DType::kBFloat16, testing::normal_floats(10007, step));
       DeviceBuffer dx(x.bytes.data(), x.bytes.size());
@@ -261,31 +282,20 @@ TEST(GpuCollectives, NcclEngineMatchesTheCpuEngine) {
       ASSERT_EQ(dx.host(), x.bytes) << "step " << step;
     }
   }
-  ncclCommDestroy(comm);
-  cudaStreamDestroy(stream);
 }
 
 // The queued path (what the DDP hook uses on CUDA) gives the CPU engine's bytes, and a
 // non-finite step keeps the residuals on the device exactly as the CPU engine keeps them.
 TEST(GpuCollectives, QueuedNcclEngineKeepsResidualsOnNonFiniteSteps) {
   SKIP_WITHOUT_GPU();
-  ncclComm_t comm;
-  int dev = 0;
-  GRADCOMP_NCCL_CHECK(ncclCommInitAll(&comm, 1, &dev));
-  cudaStream_t stream;
-  GRADCOMP_CUDA_CHECK(cudaStreamCreate(&stream));
+  OneRankNccl nccl_rank;
   for (Codec codec : {Codec::kQ4, Codec::kTopK}) {
     CompressionConfig c;
     c.codec = codec;
     c.seed = 11;
-    NcclCommunicator nccl(comm, stream);
-    cuda::CudaBackendOptions o;
-    o.stream = stream;
-    auto gpu = cuda::make_cuda_backend(o);
-    CompressedAllreduce gpu_engine(nccl, *gpu, c);
-    InProcessGroup group(1);
-    auto cpu_backend = make_cpu_backend();
-    CompressedAllreduce cpu_engine(group.communicator(0), *cpu_backend, c);
+    EnginePair engines(nccl_rank, c);
+    CompressedAllreduce& gpu_engine = engines.gpu_engine;
+    CompressedAllreduce& cpu_engine = engines.cpu_engine;
     uint64_t cpu_nonfinite = 0;
     for (int step = 0; step < 4; ++step) {
       auto v = testing::normal_floats(5003, 40 + step);
@@ -305,8 +315,6 @@ TEST(GpuCollectives, QueuedNcclEngineKeepsResidualsOnNonFiniteSteps) {
     EXPECT_EQ(gs.residuals, cs.residuals);
     EXPECT_EQ(gs.chunk_residuals, cs.chunk_residuals);
   }
-  ncclCommDestroy(comm);
-  cudaStreamDestroy(stream);
 }
 
 }  // namespace

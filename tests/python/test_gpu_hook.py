@@ -14,5 +14,5 @@ def test_cuda_hook_equals_cpu_hook_bit_for_bit(codec):
     assert all(launch("workers", "gpu_hook_matches_cpu", 1, codec))
 
 
-def test_ddp_on_gpu_trains_and_encodes_off_the_default_stream():
+def test_ddp_on_gpu_encodes_on_its_own_stream_overlapping_backward():
     assert all(launch("workers", "gpu_ddp_trains", 1))

@@ -359,6 +359,23 @@ GRADCOMP_AVX512 void quantize_block_avx512(const Q4EncodeChunk& c, int s, float 
   }
 }
 
+// Pass 1 with 512-bit vectors: acc = input + residual and each full block's step.
+template <bool kResidualIn>
+GRADCOMP_AVX512 void block_sums_avx512(const Q4EncodeChunk& c, int full_blocks, float* acc,
+                                       float* steps) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF);
+  for (int b = 0; b < full_blocks; ++b) {
+    __m512i absmax = _mm512_setzero_si512();
+    for (int i = b * c.block; i < (b + 1) * c.block; i += 16) {
+      const __m512 r = kResidualIn ? _mm512_loadu_ps(c.residual_in + i) : _mm512_setzero_ps();
+      const __m512 a = _mm512_add_ps(_mm512_loadu_ps(c.input + i), r);
+      _mm512_store_ps(acc + i, a);
+      absmax = _mm512_max_epu32(absmax, _mm512_and_si512(_mm512_castps_si512(a), abs_mask));
+    }
+    steps[b] = math::q4_step_from_absmax_bits(_mm512_reduce_max_epu32(absmax));
+  }
+}
+
 // Full blocks first get their sums and steps (pass 1), then their codes and residuals (pass 2),
 // so no block's quantization waits on its own step. Blocks whose step is not positive (all zero
 // or non-finite) and a partial last block go to the reference, which re-reads the inputs: pass 2
@@ -366,7 +383,7 @@ GRADCOMP_AVX512 void quantize_block_avx512(const Q4EncodeChunk& c, int s, float 
 template <bool kResidualIn, bool kResidualOut, bool kStochastic>
 GRADCOMP_AVX2 void encode_chunk_avx2(const Q4EncodeChunk& c, bool wide) {
   alignas(64) uint16_t random_bits[kQ4ChunkElements];
-  alignas(32) float acc[kQ4ChunkElements];
+  alignas(64) float acc[kQ4ChunkElements];
   float steps[kQ4ChunkElements / 16];
   const uint16_t* r16 = nullptr;
   if (kStochastic) {
@@ -378,8 +395,9 @@ GRADCOMP_AVX2 void encode_chunk_avx2(const Q4EncodeChunk& c, bool wide) {
     r16 = random_bits;
   }
   const int full_blocks = c.n / c.block;
+  if (wide) block_sums_avx512<kResidualIn>(c, full_blocks, acc, steps);
   const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
-  for (int b = 0; b < full_blocks; ++b) {
+  for (int b = 0; !wide && b < full_blocks; ++b) {
     __m256i absmax = _mm256_setzero_si256();
     for (int i = b * c.block; i < (b + 1) * c.block; i += 8) {
       const __m256 r = kResidualIn ? _mm256_loadu_ps(c.residual_in + i) : _mm256_setzero_ps();

@@ -170,6 +170,8 @@ void BM_TopKEncode(benchmark::State& state) {
   p.capacity = static_cast<uint32_t>(cap);
   p.exact = o.exact;
   p.payload = payload.data();
+  std::vector<float> workspace(cpu::topk_workspace_bytes(n) / 4);  // as the engine keeps per bucket
+  p.workspace = workspace.data();
   for (auto _ : state) {
     benchmark::DoNotOptimize(cpu::topk_encode(p));
   }

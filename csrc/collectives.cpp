@@ -39,7 +39,9 @@ class CpuBackend final : public Backend {
     q.nonfinite = &nonfinite_;
     cpu::topk_decode(q);
   }
-  size_t topk_workspace_bytes(int64_t) const override { return 0; }
+  size_t topk_workspace_bytes(int64_t numel) const override {
+    return cpu::topk_workspace_bytes(numel);
+  }
   bool take_decode_status() override {
     const bool bad = nonfinite_ != 0;
     nonfinite_ = 0;

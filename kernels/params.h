@@ -67,7 +67,7 @@ struct TopKEncodeParams {
   bool exact = true;
   uint8_t value_dtype = math::kDtypeF32;
   uint8_t* payload = nullptr;  // topk_payload_bytes(capacity, value_dtype) bytes
-  void* workspace = nullptr;   // CUDA: topk_workspace_bytes(numel) bytes
+  void* workspace = nullptr;   // the backend's topk_workspace_bytes(numel); optional on the CPU
 };
 
 // Scatter-adds num_payloads top-k payloads into zeroed fp32 sums, divides by `divisor` and
@@ -86,7 +86,7 @@ struct TopKDecodeParams {
   float divisor = 1.0f;
   int32_t* status = nullptr;
   uint32_t* nonfinite = nullptr;
-  void* workspace = nullptr;  // CUDA: numel fp32 sums
+  void* workspace = nullptr;  // numel fp32 sums; optional on the CPU
 };
 
 // A residual buffer one bucket's reduction wrote (candidate) and the one it started from

@@ -141,6 +141,56 @@ TEST(TopK, NaNIsSelectedAndKeepsItsResidual) {
   EXPECT_EQ(enc.residual[9], 0.5f);
 }
 
+// A whole bucket of non-finite values, more of them than k, and residuals that alias: every
+// non-finite element keeps its old residual, every selected one loses its value, all others keep
+// input + residual; and the residual written in place equals the one written to a new buffer.
+TEST(TopK, ManyNonFiniteValuesAndAliasedResiduals) {
+  for (bool exact : {true, false}) {
+    for (DType rdtype : {DType::kFloat32, DType::kBFloat16}) {
+      auto v = testing::normal_floats(5000, 31);
+      for (int i = 0; i < 200; ++i) v[i * 25] = (i % 3 == 0) ? std::nanf("") : INFINITY;
+      v[7] = -0.0f;
+      HostTensor x = HostTensor::from_floats(DType::kFloat32, v);
+      HostTensor r0 = HostTensor::from_floats(rdtype, testing::normal_floats(5000, 32, 0.1f));
+      const int64_t k = 50, cap = exact ? k : 80;
+      auto run = [&](HostTensor& residual_in, void* residual_out) {
+        std::vector<uint8_t> payload(topk_payload_bytes(cap, DType::kFloat32));
+        Segment seg = x.segment();
+        TopKEncodeParams p;
+        p.segments = &seg;
+        p.num_segments = 1;
+        p.numel = x.numel;
+        p.k = k;
+        p.capacity = static_cast<uint32_t>(cap);
+        p.exact = exact;
+        p.residual_in = residual_in.data();
+        p.residual_out = residual_out;
+        p.residual_dtype = testing::code(rdtype);
+        p.payload = payload.data();
+        cpu::topk_encode(p);
+        return payload;
+      };
+      HostTensor separate(rdtype, x.numel);
+      const auto payload = run(r0, separate.data());
+      HostTensor in_place = r0;
+      EXPECT_EQ(run(in_place, in_place.data()), payload);
+      EXPECT_EQ(in_place.bytes, separate.bytes);
+      const uint32_t* idx = reinterpret_cast<const uint32_t*>(payload.data() + kPayloadHeaderBytes);
+      std::vector<bool> selected(x.numel, false);
+      math::PayloadHeader h;
+      std::memcpy(&h, payload.data(), sizeof h);
+      for (uint64_t e = 0; e < h.count; ++e) selected[idx[e]] = true;
+      for (int64_t i = 0; i < x.numel; ++i) {
+        const float acc = v[i] + r0.get(i);
+        const float want = !std::isfinite(acc) ? r0.get(i) : (selected[i] ? 0.0f : acc);
+        ASSERT_TRUE(
+            testing::same_bits(separate.get(i), math::round_to_dtype(want, testing::code(rdtype))))
+            << "exact=" << exact << " residual " << dtype_name(rdtype) << " element " << i;
+      }
+    }
+  }
+}
+
 class TopKCorruption : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -1,6 +1,7 @@
 // CPU backend: the reference implementation of every codec. Payloads equal the CUDA backend's.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "gradcomp/types.h"
@@ -25,6 +26,12 @@ void q4_encode(const Q4EncodeParams& params, int num_threads = 1);
 
 // Validates every payload header first; on any mismatch throws Error and writes nothing.
 void q4_decode(const Q4DecodeParams& params, int num_threads = 1);
+
+// Bytes of the optional top-k workspace (params.workspace): the fp32 sums of numel elements.
+// Without it, encode and decode allocate the same amount per call.
+inline size_t topk_workspace_bytes(int64_t numel) {
+  return static_cast<size_t>(numel) * 4;
+}
 
 // Encodes one top-k payload; returns the entries written.
 uint64_t topk_encode(const TopKEncodeParams& params);

@@ -59,4 +59,15 @@ if ./build/bench/gradcomp-bench codec --sizes nope 2>/dev/null; then echo "bad a
 "$venv/bin/python" -c "import json; r = json.load(open('build/e2e-smoke/e2e.json')); \
 assert all(x['ok'] for x in r['throughput']), r['throughput']; assert len(r['digits']) == 3"
 
+step "pip install . (a wheel built with build isolation, as users install it), used from outside the clone"
+rm -rf build/wheel
+GRADCOMP_BUILD_DIR="$root/build-wheel" CMAKE_CUDA_ARCHITECTURES="$cuda_archs" \
+  "$venv/bin/pip" wheel -q --no-deps -w build/wheel .
+"$venv/bin/pip" install -q --no-deps --force-reinstall build/wheel/gradcomp-*.whl
+(cd tests/python && "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+  test_ddp_hook.py -k "no_compression or nan_propagates" && \
+  "$venv/bin/python" -c "import gradcomp, sys; assert '/site-packages/' in gradcomp.__file__, gradcomp.__file__")
+# Back to the editable install the rest of this clone's tools expect.
+CMAKE_CUDA_ARCHITECTURES="$cuda_archs" "$venv/bin/pip" install -q --no-build-isolation -e .
+
 step "all tests passed"

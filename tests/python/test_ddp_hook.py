@@ -16,6 +16,13 @@ def test_hook_equals_pure_pytorch_reference(world, codec):
         assert 0 < sent < uncompressed / 4
 
 
+@pytest.mark.parametrize("world", [4, 8])
+@pytest.mark.parametrize("codec", ["q4", "topk"])
+def test_hook_equals_reference_at_larger_world_sizes(world, codec):
+    results = launch("workers", "reference_equality", world, codec, 3001, timeout=300)
+    assert len(results) == world
+
+
 def test_no_compression_equals_ddp_bit_for_bit():
     buckets = launch("workers", "no_compression_matches_ddp", 2)
     assert buckets[0] >= 20

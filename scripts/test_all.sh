@@ -65,7 +65,7 @@ GRADCOMP_BUILD_DIR="$root/build-wheel" CMAKE_CUDA_ARCHITECTURES="$cuda_archs" \
   "$venv/bin/pip" wheel -q --no-deps -w build/wheel .
 "$venv/bin/pip" install -q --no-deps --force-reinstall build/wheel/gradcomp-*.whl
 (cd tests/python && "$venv/bin/python" -m pytest -q -p no:cacheprovider \
-  test_ddp_hook.py -k "no_compression or nan_propagates" && \
+  test_ddp_hook.py -k "no_compression or nan_on_one_rank or standalone_compress" && \
   "$venv/bin/python" -c "import gradcomp, sys; assert '/site-packages/' in gradcomp.__file__, gradcomp.__file__")
 # Back to the editable install the rest of this clone's tools expect.
 CMAKE_CUDA_ARCHITECTURES="$cuda_archs" "$venv/bin/pip" install -q --no-build-isolation -e .

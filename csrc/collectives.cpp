@@ -62,6 +62,10 @@ class CpuBackend final : public Backend {
     nonfinite_buckets_ = 0;
     return n;
   }
+  bool poll_nonfinite_buckets(uint64_t* count) override {
+    *count = take_nonfinite_buckets();
+    return true;
+  }
 
  private:
   int threads_;
@@ -329,6 +333,10 @@ void CompressedAllreduce::enqueue_allreduce(const Segment* segments, int num_seg
 
 uint64_t CompressedAllreduce::synchronize() {
   return backend_.take_nonfinite_buckets();
+}
+
+bool CompressedAllreduce::poll(uint64_t* nonfinite_buckets) {
+  return backend_.poll_nonfinite_buckets(nonfinite_buckets);
 }
 
 void CompressedAllreduce::run_q4_two_phase(Bucket& b, const Segment* segments, int num_segments,

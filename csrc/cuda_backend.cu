@@ -45,12 +45,16 @@ class CudaBackend final : public Backend {
       owns_stream_ = true;
     }
     GRADCOMP_CUDA_CHECK(cudaMalloc(&flags_, kFlagWords * sizeof(int32_t)));
+    GRADCOMP_CUDA_CHECK(cudaMallocHost(&snapshot_, sizeof(Flags)));
+    GRADCOMP_CUDA_CHECK(cudaEventCreateWithFlags(&snapshot_done_, cudaEventDisableTiming));
     GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_, 0, kFlagWords * sizeof(int32_t), stream_));
   }
   // Destructors cannot throw: errors here are ignored, the memory is released regardless.
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     cudaFree(flags_);
+    cudaFreeHost(snapshot_);
+    cudaEventDestroy(snapshot_done_);
     for (TableSlot& slot : tables_) {
       if (slot.done != nullptr) cudaEventDestroy(slot.done);
       cudaFreeHost(slot.host);
@@ -142,9 +146,40 @@ class CudaBackend final : public Backend {
     GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kNonfinite, 0, sizeof(int32_t), stream_));
   }
   uint64_t take_nonfinite_buckets() override {
+    uint64_t polled = 0;
+    if (snapshot_pending_) {
+      GRADCOMP_CUDA_CHECK(cudaEventSynchronize(snapshot_done_));
+      poll_nonfinite_buckets(&polled);
+    }
     const Flags f = read_flags();
     GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kNonfiniteBuckets, 0, sizeof(int32_t), stream_));
-    return static_cast<uint32_t>(f.nonfinite_buckets);
+    return polled + static_cast<uint32_t>(f.nonfinite_buckets);
+  }
+  bool poll_nonfinite_buckets(uint64_t* count) override {
+    *count = 0;
+    if (!snapshot_pending_) {
+      // Copy the status words, then clear the count in stream order, so every bucket is counted
+      // by exactly one report.
+      GRADCOMP_CUDA_CHECK(
+          cudaMemcpyAsync(snapshot_, flags_, sizeof(Flags), cudaMemcpyDeviceToHost, stream_));
+      GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kNonfiniteBuckets, 0, sizeof(int32_t), stream_));
+      GRADCOMP_CUDA_CHECK(cudaEventRecord(snapshot_done_, stream_));
+      snapshot_pending_ = true;
+      return false;
+    }
+    const cudaError_t state = cudaEventQuery(snapshot_done_);
+    if (state == cudaErrorNotReady) return false;
+    GRADCOMP_CUDA_CHECK(state);
+    snapshot_pending_ = false;
+    if (snapshot_->status != 0) {
+      GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kStatus, 0, sizeof(int32_t), stream_));
+      GRADCOMP_CHECK(false,
+                     "CUDA decode rejected a payload: "
+                         << (snapshot_->status == 100 ? "index out of range or out of order"
+                                                      : header_status_message(snapshot_->status)));
+    }
+    *count = static_cast<uint32_t>(snapshot_->nonfinite_buckets);
+    return true;
   }
 
  private:
@@ -237,6 +272,9 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   bool owns_stream_ = false;
   int32_t* flags_ = nullptr;
+  Flags* snapshot_ = nullptr;  // pinned: the status words copied by poll_nonfinite_buckets
+  cudaEvent_t snapshot_done_ = nullptr;
+  bool snapshot_pending_ = false;
   std::array<TableSlot, kTableSlots> tables_;
   int next_table_ = 0;
 };

@@ -236,11 +236,12 @@ void HookCore::reduce(at::Tensor bucket, int64_t index, uint64_t identity) {
   if (!comm_) comm_ = std::make_unique<ProcessGroupCommunicator>(group_, bucket.device());
   const bool queued = bucket.is_cuda();
   // Bucket 0 arriving again starts a new step (DDP launches buckets in index order). Queued
-  // (CUDA) steps report their non-finite buckets and any rejected payload here, one step late:
-  // by now the optimizer has consumed them, so this does not stall the device.
+  // (CUDA) steps report their non-finite buckets and any rejected payload here without
+  // waiting: the report asked for at one step boundary is picked up at a later one, once the
+  // compression stream has passed it.
   if (index == 0 && started_) {
-    if (engine != nullptr && queued) {
-      const uint64_t nonfinite = call_core([&] { return engine->synchronize(); });
+    uint64_t nonfinite = 0;
+    if (engine != nullptr && queued && call_core([&] { return engine->poll(&nonfinite); })) {
       step_stats_.nonfinite_buckets += nonfinite;
       total_.nonfinite_buckets += nonfinite;
     }

@@ -59,6 +59,10 @@ class Backend {
   // Waits for the backend's queued work; throws Error if a decode rejected a payload since the
   // last check; returns and clears the number of non-finite buckets end_bucket() counted.
   virtual uint64_t take_nonfinite_buckets() = 0;
+  // The same report without waiting: returns false when it is not ready yet. On CUDA the first
+  // call queues a copy of the status words and later calls pick it up once the stream has
+  // passed it; buckets queued after that copy are reported by a later poll.
+  virtual bool poll_nonfinite_buckets(uint64_t* count) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int num_threads = 1);
@@ -111,6 +115,9 @@ class CompressedAllreduce {
   // Waits for queued reductions. Throws Error if a decode rejected a payload; returns how many
   // buckets came out non-finite since the last call.
   uint64_t synchronize();
+  // synchronize() without waiting: false while the report is not ready (see
+  // Backend::poll_nonfinite_buckets).
+  bool poll(uint64_t* nonfinite_buckets);
 
   uint32_t step() const { return step_; }
   void set_step(uint32_t step) { step_ = step; }

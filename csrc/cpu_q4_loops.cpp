@@ -1,4 +1,4 @@
-// Inner loops of the CPU q4 codec: the portable reference and an AVX2 version with equal bytes.
+// Inner loops of the CPU q4 codec: the portable reference, AVX2 and AVX-512, all with equal bytes.
 #include "cpu_q4_loops.h"
 
 #include <algorithm>

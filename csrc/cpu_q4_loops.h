@@ -1,4 +1,4 @@
-// Inner loops of the CPU q4 codec over one contiguous fp32 chunk: portable and AVX2, equal bytes.
+// Inner loops of the CPU q4 codec over fp32 chunks: portable, AVX2 and AVX-512, equal bytes.
 #pragma once
 
 #include <cstdint>

@@ -299,6 +299,47 @@ TEST(Collectives, NonFiniteOnOneRankReachesEveryRankAndKeepsResiduals) {
   }
 }
 
+// The queued API (what the DDP hook uses on CUDA) gives the same bytes and residuals as
+// allreduce(), counts the non-finite buckets, and reports them through synchronize() or poll().
+TEST(Collectives, QueuedReductionsEqualAllreduceAndCountNonFiniteBuckets) {
+  for (const Variant& v : variants()) {
+    InProcessGroup group(2);
+    std::vector<bool> same(2, false);
+    std::vector<uint64_t> counted(2, 0), polled(2, 0);
+    run_ranks(group, [&](int rank, Communicator& comm) {
+      auto backend_a = make_cpu_backend(), backend_b = make_cpu_backend();
+      CompressedAllreduce direct(comm, *backend_a, v.config);
+      CompressedAllreduce queued(comm, *backend_b, v.config);
+      bool equal = true;
+      for (uint32_t step = 0; step < 4; ++step) {
+        for (uint64_t bucket = 0; bucket < 2; ++bucket) {
+          auto values = testing::normal_floats(600, 10 * step + 3 * rank + bucket);
+          if (step == 1 && bucket == 1 && rank == 0) values[5] = INFINITY;
+          if (step == 2 && rank == 1) values[9] = std::nanf("");
+          HostTensor x = HostTensor::from_floats(DType::kFloat32, values), y = x;
+          Segment sx = x.segment(), sy = y.segment();
+          direct.allreduce(&sx, 1, DType::kFloat32, bucket);
+          queued.enqueue_allreduce(&sy, 1, DType::kFloat32, bucket);
+          equal &= x.bytes == y.bytes;
+        }
+        direct.advance_step();
+        queued.advance_step();
+        if (step == 1) {
+          ASSERT_TRUE(queued.poll(&polled[rank]));  // the CPU backend is never behind
+        }
+      }
+      counted[rank] = queued.synchronize();
+      const CompressionState a = direct.state(), b = queued.state();
+      same[rank] = equal && a.residuals == b.residuals && a.chunk_residuals == b.chunk_residuals;
+    });
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(same[r]) << v.name << " rank " << r;
+      EXPECT_EQ(polled[r], 1u) << v.name << " rank " << r << ": step 1 had one non-finite bucket";
+      EXPECT_EQ(counted[r], 2u) << v.name << " rank " << r << ": step 2 had two";
+    }
+  }
+}
+
 TEST(Collectives, CheckpointResumeIsBitIdentical) {
   for (const Variant& v : variants()) {
     const int world = 3;

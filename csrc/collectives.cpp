@@ -513,6 +513,12 @@ CompressionState CompressedAllreduce::state() const {
   return s;
 }
 
+void CompressedAllreduce::release_bucket(uint64_t bucket_id) {
+  buckets_.erase(bucket_id);
+  pending_.residuals.erase(bucket_id);
+  pending_.chunk_residuals.erase(bucket_id);
+}
+
 void CompressedAllreduce::load_state(const CompressionState& s) {
   GRADCOMP_CHECK(s.seed == config_.seed, "checkpoint seed "
                                              << s.seed << " differs from the configured seed "

@@ -156,7 +156,7 @@ CompressedAllreduce& HookCore::engine_for(const at::Tensor& bucket) {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> HookCore::submit(at::Tensor bucket, int64_t index,
-                                                         uint64_t identity) {
+                                                         uint64_t identity, bool is_last) {
   check_gradient_tensor(bucket, "DDP bucket");
   if (bucket.device().is_cuda()) {
 #if defined(GRADCOMP_HAVE_CUDA)
@@ -186,7 +186,7 @@ c10::intrusive_ptr<c10::ivalue::Future> HookCore::submit(at::Tensor bucket, int6
     ready.block(compress);
     bucket.record_stream(compress);
     try {
-      reduce(bucket, index, identity);
+      reduce(bucket, index, identity, is_last);
       future->markCompleted(c10::IValue(bucket));
     } catch (...) {
       future->setError(std::current_exception());
@@ -197,7 +197,7 @@ c10::intrusive_ptr<c10::ivalue::Future> HookCore::submit(at::Tensor bucket, int6
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    queue_.push_back(Job{bucket, index, identity, future, at::get_record_function_tls_(),
+    queue_.push_back(Job{bucket, index, identity, is_last, future, at::get_record_function_tls_(),
                          c10::ThreadLocalDebugInfo::current()});
   }
   queue_cv_.notify_one();
@@ -218,7 +218,7 @@ void HookCore::worker_loop() {
     at::set_record_function_tls_(job.record_function_tls);
     c10::ThreadLocalDebugInfo::_forceCurrentDebugInfo(job.debug_info);
     try {
-      reduce(job.bucket, job.index, job.identity);
+      reduce(job.bucket, job.index, job.identity, job.is_last);
       job.future->markCompleted(c10::IValue(job.bucket));
     } catch (...) {
       job.future->setError(std::current_exception());
@@ -228,7 +228,7 @@ void HookCore::worker_loop() {
   }
 }
 
-void HookCore::reduce(at::Tensor bucket, int64_t index, uint64_t identity) {
+void HookCore::reduce(at::Tensor bucket, int64_t index, uint64_t identity, bool is_last) {
   GRADCOMP_PHASE("gradcomp::hook_bucket");
   check_gradient_tensor(bucket, "DDP bucket");
   std::lock_guard<std::mutex> lock(state_mu_);
@@ -286,6 +286,18 @@ void HookCore::reduce(at::Tensor bucket, int64_t index, uint64_t identity) {
     s->codec_seconds += delta.codec_seconds;
     s->nonfinite_buckets += delta.nonfinite_buckets;
   }
+  step_ids_.insert(identity);
+  if (is_last) {
+    // DDP rebuilds its buckets after the first iteration; the buckets of the old layout would
+    // otherwise keep their buffers and stale residuals (and a checkpoint would carry them).
+    if (engine != nullptr && !last_step_ids_.empty() && step_ids_ != last_step_ids_) {
+      for (uint64_t id : last_step_ids_) {
+        if (step_ids_.count(id) == 0) call_core([&] { engine->release_bucket(id); });
+      }
+    }
+    last_step_ids_ = std::move(step_ids_);
+    step_ids_.clear();
+  }
 }
 
 HookStats HookCore::last_step_stats() const {
@@ -330,7 +342,7 @@ c10::intrusive_ptr<c10::ivalue::Future> GradcompCommHook::runHook(c10d::GradBuck
   at::Tensor& buffer = bucket.getBufferRef();
   const uint64_t id = bucket_identity(static_cast<int64_t>(bucket.getIndex()), buffer.numel(),
                                       buffer.scalar_type(), shapes);
-  return core_->submit(buffer, static_cast<int64_t>(bucket.getIndex()), id);
+  return core_->submit(buffer, static_cast<int64_t>(bucket.getIndex()), id, bucket.isLast());
 }
 
 at::Tensor GradcompCommHook::parseHookResult(const c10::IValue& result) {

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
@@ -54,11 +55,12 @@ class HookCore {
   ~HookCore();
 
   // Queues one bucket; the future completes with the averaged bucket (written in place).
+  // is_last marks the step's last bucket.
   c10::intrusive_ptr<c10::ivalue::Future> submit(at::Tensor bucket, int64_t index,
-                                                 uint64_t identity);
+                                                 uint64_t identity, bool is_last);
   // Averages one bucket on the calling thread. CPU buckets are done on return; CUDA buckets are
   // queued on the current stream (the hook's compression stream) and done when it gets there.
-  void reduce(at::Tensor bucket, int64_t index, uint64_t identity);
+  void reduce(at::Tensor bucket, int64_t index, uint64_t identity, bool is_last);
 
   HookStats last_step_stats() const;
   HookStats total_stats() const;
@@ -73,6 +75,7 @@ class HookCore {
     at::Tensor bucket;
     int64_t index;
     uint64_t identity;
+    bool is_last;
     c10::intrusive_ptr<c10::ivalue::Future> future;
     // The submitting thread's profiler state (record-function callbacks and debug info), so
     // phases run on the worker show in its trace. Only these two: the full ThreadLocalState
@@ -93,6 +96,9 @@ class HookCore {
   mutable std::mutex state_mu_;  // engine, stats, step boundaries
   bool started_ = false;
   HookStats step_stats_, last_step_, total_;
+  // Bucket identities of the step in progress and of the last complete one: when they differ
+  // (DDP rebuilt its buckets), the buckets no longer used are released.
+  std::set<uint64_t> step_ids_, last_step_ids_;
   std::unique_ptr<CompressionState> pending_state_;
 
   std::mutex queue_mu_;

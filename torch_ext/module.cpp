@@ -97,14 +97,14 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "reduce_bucket",
           [](HookCore& core, at::Tensor bucket, int64_t index,
-             const std::vector<std::vector<int64_t>>& shapes) {
+             const std::vector<std::vector<int64_t>>& shapes, bool is_last) {
             const uint64_t id =
                 bucket_identity(index, bucket.numel(), bucket.scalar_type(), shapes);
             py::gil_scoped_release release;
-            core.reduce(bucket, index, id);
+            core.reduce(bucket, index, id, is_last);
             return bucket;
           },
-          py::arg("bucket"), py::arg("index"), py::arg("param_shapes"))
+          py::arg("bucket"), py::arg("index"), py::arg("param_shapes"), py::arg("is_last") = false)
       .def("last_step_stats", [](const HookCore& c) { return stats_dict(c.last_step_stats()); })
       .def("total_stats", [](const HookCore& c) { return stats_dict(c.total_stats()); })
       .def("world_size", &HookCore::world_size)

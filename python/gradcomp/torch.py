@@ -90,7 +90,7 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     core = state._ensure_core()
     buffer = bucket.buffer()
     shapes = [list(p.shape) for p in bucket.parameters()]
-    core.reduce_bucket(buffer, bucket.index(), shapes)
+    core.reduce_bucket(buffer, bucket.index(), shapes, bucket.is_last())
     future = torch.futures.Future()
     future.set_result(buffer)
     return future

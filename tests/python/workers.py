@@ -119,6 +119,45 @@ def routes_agree(rank, world, codec_name, dtype_name):
     return sa
 
 
+class _UsedInReverse(nn.Module):
+    """Layers registered in the opposite order to their use, so DDP's rebuilt buckets (gradient
+    ready order) differ from its first-iteration buckets (parameter order)."""
+
+    def __init__(self):
+        super().__init__()
+        self.last = nn.Linear(32, 10)
+        self.middle = nn.Linear(32, 32)
+        self.first = nn.Linear(64, 32)
+
+    def forward(self, x):
+        return self.last(torch.relu(self.middle(torch.relu(self.first(x)))))
+
+
+def rebuilt_buckets_release_the_old_ones(rank, world, route):
+    """After DDP rebuilds its buckets, the hook keeps (and checkpoints) only the buckets in use."""
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(_UsedInReverse(), bucket_cap_mb=0.004)
+    if route == "register":
+        hook = gt.register(ddp, gradcomp.Q4())
+    else:
+        hook = gt.HookState(gradcomp.Q4())
+        ddp.register_comm_hook(hook, gt.comm_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    keys = []
+    for step in range(4):
+        g = torch.Generator().manual_seed(10 * step + rank)
+        opt.zero_grad()
+        ddp(torch.randn(16, 64, generator=g)).square().mean().backward()
+        opt.step()
+        keys.append(set(hook.state_dict()["residuals"].keys()))
+    buckets = hook.stats()["step"]["buckets"]
+    assert buckets > 1, f"the test wants several DDP buckets, got {buckets}"
+    assert keys[0] != keys[-1], "DDP kept its first-iteration buckets; the test needs a rebuild"
+    assert len(keys[-1]) == buckets, f"{len(keys[-1])} residual buckets kept for {buckets} in use"
+    assert keys[-1] == keys[1], "bucket identities changed after the rebuild"
+    return True
+
+
 def checkpoint_resume(rank, world, codec_name):
     # The hook's own state round trip, on fixed buckets: 3 steps, save, a new hook loads the
     # state, 3 more steps; equal to 6 uninterrupted steps bit for bit.

@@ -126,6 +126,9 @@ class CompressedAllreduce {
 
   CompressionState state() const;
   void load_state(const CompressionState& state);
+  // Frees a bucket's buffers and residuals (for a caller whose bucket layout changed for good,
+  // as DDP's does after its first iteration), so they are neither kept nor checkpointed.
+  void release_bucket(uint64_t bucket_id);
 
  private:
   struct Bucket;

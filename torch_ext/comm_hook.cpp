@@ -4,6 +4,7 @@
 
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "tensor_params.h"
@@ -155,8 +156,22 @@ CompressedAllreduce& HookCore::engine_for(const at::Tensor& bucket) {
   return *engine_;
 }
 
+void HookCore::set_parameters(const std::vector<at::Tensor>& params) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  param_index_.clear();
+  for (size_t i = 0; i < params.size(); ++i)
+    param_index_.emplace(params[i].unsafeGetTensorImpl(), static_cast<int64_t>(i));
+}
+
+int64_t HookCore::param_index(const at::Tensor& param) const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  auto it = param_index_.find(param.unsafeGetTensorImpl());
+  return it == param_index_.end() ? -1 : it->second;
+}
+
 c10::intrusive_ptr<c10::ivalue::Future> HookCore::submit(at::Tensor bucket, int64_t index,
-                                                         uint64_t identity, bool is_last) {
+                                                         uint64_t identity, bool is_last,
+                                                         std::vector<ParamSlice> params) {
   check_gradient_tensor(bucket, "DDP bucket");
   if (bucket.device().is_cuda()) {
 #if defined(GRADCOMP_HAVE_CUDA)
@@ -186,8 +201,8 @@ c10::intrusive_ptr<c10::ivalue::Future> HookCore::submit(at::Tensor bucket, int6
     ready.block(compress);
     bucket.record_stream(compress);
     try {
-      reduce(bucket, index, identity, is_last);
-      future->markCompleted(c10::IValue(bucket));
+      if (reduce(bucket, index, identity, is_last, params, future))
+        future->markCompleted(c10::IValue(bucket));
     } catch (...) {
       future->setError(std::current_exception());
     }
@@ -197,8 +212,8 @@ c10::intrusive_ptr<c10::ivalue::Future> HookCore::submit(at::Tensor bucket, int6
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    queue_.push_back(Job{bucket, index, identity, is_last, future, at::get_record_function_tls_(),
-                         c10::ThreadLocalDebugInfo::current()});
+    queue_.push_back(Job{bucket, index, identity, is_last, std::move(params), future,
+                         at::get_record_function_tls_(), c10::ThreadLocalDebugInfo::current()});
   }
   queue_cv_.notify_one();
   return future;
@@ -218,8 +233,8 @@ void HookCore::worker_loop() {
     at::set_record_function_tls_(job.record_function_tls);
     c10::ThreadLocalDebugInfo::_forceCurrentDebugInfo(job.debug_info);
     try {
-      reduce(job.bucket, job.index, job.identity, job.is_last);
-      job.future->markCompleted(c10::IValue(job.bucket));
+      if (reduce(job.bucket, job.index, job.identity, job.is_last, job.params, job.future))
+        job.future->markCompleted(c10::IValue(job.bucket));
     } catch (...) {
       job.future->setError(std::current_exception());
     }
@@ -228,10 +243,12 @@ void HookCore::worker_loop() {
   }
 }
 
-void HookCore::reduce(at::Tensor bucket, int64_t index, uint64_t identity, bool is_last) {
+bool HookCore::reduce(at::Tensor bucket, int64_t index, uint64_t identity, bool is_last,
+                      const std::vector<ParamSlice>& params,
+                      const c10::intrusive_ptr<c10::ivalue::Future>& future) {
   GRADCOMP_PHASE("gradcomp::hook_bucket");
   check_gradient_tensor(bucket, "DDP bucket");
-  std::lock_guard<std::mutex> lock(state_mu_);
+  std::unique_lock<std::mutex> lock(state_mu_);
   CompressedAllreduce* engine = options_.compress ? &engine_for(bucket) : nullptr;
   if (!comm_) comm_ = std::make_unique<ProcessGroupCommunicator>(group_, bucket.device());
   const bool queued = bucket.is_cuda();
@@ -250,31 +267,96 @@ void HookCore::reduce(at::Tensor bucket, int64_t index, uint64_t identity, bool 
     step_stats_ = HookStats{};
   }
   started_ = true;
-  const uint64_t sent0 = comm_->bytes_sent();
-  const double comm0 = comm_->seconds();
-  const auto t0 = std::chrono::steady_clock::now();
-  bool finite = true;
-  const int w = group_->getSize();
-  if (engine != nullptr) {
-    const DType dtype = to_dtype(bucket.scalar_type(), "DDP bucket");
-    Segment seg = whole_segment(bucket);
-    if (queued) {
-      call_core([&] { engine->enqueue_allreduce(&seg, 1, dtype, identity); });
-    } else {
-      finite = call_core([&] { return engine->allreduce(&seg, 1, dtype, identity); });
+  const DType dtype = to_dtype(bucket.scalar_type(), "DDP bucket");
+  if (!params.empty()) {
+    BucketLayout layout;
+    layout.index = index;
+    layout.dtype = static_cast<int>(dtype);
+    for (const ParamSlice& p : params) layout.params.emplace_back(p.param, p.numel);
+    layouts_[identity] = std::move(layout);
+  }
+
+  // The first step after load_state: DDP's first-iteration buckets can differ from the rebuilt
+  // ones the checkpoint saved. Then this step's buckets are held back and, at the last one, the
+  // saved buckets are reduced as segment lists over them, exactly as the run that saved them
+  // would have; DDP waits for the futures only after its last bucket, so holding them is safe.
+  if (!restored_.empty() && !restoring_ && held_.empty()) {
+    restoring_ = engine != nullptr && !params.empty() && future && restored_.count(identity) == 0;
+    if (!restoring_) restored_.clear();
+  }
+  if (restoring_) {
+    held_.push_back(Held{bucket, identity, params, future});
+    if (!is_last) return false;
+    std::vector<Held> held = std::move(held_);
+    held_.clear();
+    restoring_ = false;
+    // The held futures complete outside the lock (their callbacks may call back in); the
+    // caller completes this bucket's own future.
+    try {
+      reduce_restored_layouts(engine, held, queued);
+    } catch (...) {
+      restored_.clear();
+      lock.unlock();
+      for (size_t i = 0; i + 1 < held.size(); ++i)
+        held[i].future->setError(std::current_exception());
+      throw;
     }
+    restored_.clear();
+    end_step(engine);
+    lock.unlock();
+    for (size_t i = 0; i + 1 < held.size(); ++i)
+      held[i].future->markCompleted(c10::IValue(held[i].bucket));
+    return true;
+  }
+
+  if (engine != nullptr) {
+    reduce_segments(engine, {whole_segment(bucket)}, dtype, bucket.numel(), bucket.element_size(),
+                    identity, queued);
   } else {
     // DDP without a hook multiplies each gradient by 1/W before a SUM allreduce; doing the same
     // keeps NoCompression bit-identical to it.
+    const uint64_t sent0 = comm_->bytes_sent();
+    const double comm0 = comm_->seconds();
+    const int w = group_->getSize();
     bucket.mul_(1.0 / static_cast<double>(w));
     comm_->allreduce_sum(bucket);
+    HookStats delta;
+    delta.buckets = 1;
+    delta.bytes_sent = comm_->bytes_sent() - sent0;
+    delta.uncompressed_bytes =
+        static_cast<uint64_t>(2.0 * (w - 1) / w * bucket.numel() * bucket.element_size());
+    delta.comm_seconds = comm_->seconds() - comm0;
+    for (HookStats* s : {&step_stats_, &total_}) {
+      s->buckets += delta.buckets;
+      s->bytes_sent += delta.bytes_sent;
+      s->uncompressed_bytes += delta.uncompressed_bytes;
+      s->comm_seconds += delta.comm_seconds;
+    }
+  }
+  step_ids_.insert(identity);
+  if (is_last) end_step(engine);
+  return true;
+}
+
+void HookCore::reduce_segments(CompressedAllreduce* engine, const std::vector<Segment>& segments,
+                               DType dtype, int64_t numel, size_t element_size, uint64_t identity,
+                               bool queued) {
+  const uint64_t sent0 = comm_->bytes_sent();
+  const double comm0 = comm_->seconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n = static_cast<int>(segments.size());
+  bool finite = true;
+  if (queued) {
+    call_core([&] { engine->enqueue_allreduce(segments.data(), n, dtype, identity); });
+  } else {
+    finite = call_core([&] { return engine->allreduce(segments.data(), n, dtype, identity); });
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int w = group_->getSize();
   HookStats delta;
   delta.buckets = 1;
   delta.bytes_sent = comm_->bytes_sent() - sent0;
-  delta.uncompressed_bytes =
-      static_cast<uint64_t>(2.0 * (w - 1) / w * bucket.numel() * bucket.element_size());
+  delta.uncompressed_bytes = static_cast<uint64_t>(2.0 * (w - 1) / w * numel * element_size);
   delta.comm_seconds = comm_->seconds() - comm0;
   delta.codec_seconds = total - delta.comm_seconds;
   delta.nonfinite_buckets = finite ? 0 : 1;
@@ -286,18 +368,79 @@ void HookCore::reduce(at::Tensor bucket, int64_t index, uint64_t identity, bool 
     s->codec_seconds += delta.codec_seconds;
     s->nonfinite_buckets += delta.nonfinite_buckets;
   }
-  step_ids_.insert(identity);
-  if (is_last) {
-    // DDP rebuilds its buckets after the first iteration; the buckets of the old layout would
-    // otherwise keep their buffers and stale residuals (and a checkpoint would carry them).
-    if (engine != nullptr && !last_step_ids_.empty() && step_ids_ != last_step_ids_) {
-      for (uint64_t id : last_step_ids_) {
-        if (step_ids_.count(id) == 0) call_core([&] { engine->release_bucket(id); });
+}
+
+void HookCore::reduce_restored_layouts(CompressedAllreduce* engine, const std::vector<Held>& held,
+                                       bool queued) {
+  // Where each parameter's gradient is in this step's buckets, and in which dtype.
+  struct Place {
+    char* data;
+    int64_t numel;
+    DType dtype;
+  };
+  std::unordered_map<int64_t, Place> where;
+  for (const Held& h : held) {
+    char* base = static_cast<char*>(h.bucket.data_ptr());
+    const DType dtype = to_dtype(h.bucket.scalar_type(), "DDP bucket");
+    for (const ParamSlice& p : h.params)
+      where[p.param] =
+          Place{base + p.offset * static_cast<int64_t>(h.bucket.element_size()), p.numel, dtype};
+  }
+  std::vector<std::pair<int64_t, uint64_t>> order;  // saved bucket index, identity
+  size_t saved_params = 0;
+  bool complete = true;
+  for (const auto& kv : restored_) {
+    order.emplace_back(kv.second.index, kv.first);
+    saved_params += kv.second.params.size();
+    for (const auto& [param, numel] : kv.second.params) {
+      auto it = where.find(param);
+      complete &= it != where.end() && it->second.numel == numel &&
+                  static_cast<int>(it->second.dtype) == kv.second.dtype;
+    }
+  }
+  if (!complete || saved_params != where.size()) {
+    // Another model than the checkpoint's: reduce DDP's buckets as they are.
+    for (const Held& h : held) {
+      reduce_segments(engine, {whole_segment(h.bucket)},
+                      to_dtype(h.bucket.scalar_type(), "DDP bucket"), h.bucket.numel(),
+                      h.bucket.element_size(), h.identity, queued);
+      step_ids_.insert(h.identity);
+    }
+    return;
+  }
+  std::sort(order.begin(), order.end());
+  for (const auto& entry : order) {
+    const uint64_t identity = entry.second;
+    const BucketLayout& layout = restored_.at(identity);
+    const DType dtype = static_cast<DType>(layout.dtype);
+    std::vector<Segment> segments;
+    int64_t offset = 0;
+    for (const auto& [param, numel] : layout.params) {
+      segments.push_back(Segment{where.at(param).data, offset, numel});
+      offset += numel;
+    }
+    reduce_segments(engine, segments, dtype, offset, dtype_size(dtype), identity, queued);
+    step_ids_.insert(identity);
+    layouts_[identity] = layout;
+  }
+  for (const Held& h : held) {
+    if (restored_.count(h.identity) == 0) layouts_.erase(h.identity);
+  }
+}
+
+void HookCore::end_step(CompressedAllreduce* engine) {
+  // DDP rebuilds its buckets after the first iteration; the buckets of the old layout would
+  // otherwise keep their buffers and stale residuals (and a checkpoint would carry them).
+  if (engine != nullptr && !last_step_ids_.empty() && step_ids_ != last_step_ids_) {
+    for (uint64_t id : last_step_ids_) {
+      if (step_ids_.count(id) == 0) {
+        call_core([&] { engine->release_bucket(id); });
+        layouts_.erase(id);
       }
     }
-    last_step_ids_ = std::move(step_ids_);
-    step_ids_.clear();
   }
+  last_step_ids_ = std::move(step_ids_);
+  step_ids_.clear();
 }
 
 HookStats HookCore::last_step_stats() const {
@@ -324,8 +467,20 @@ CompressionState HookCore::state() const {
   return s;
 }
 
-void HookCore::load_state(const CompressionState& state, bool started) {
+std::map<uint64_t, HookCore::BucketLayout> HookCore::layouts() const {
   std::lock_guard<std::mutex> lock(state_mu_);
+  return layouts_;
+}
+
+void HookCore::load_state(const CompressionState& state, bool started,
+                          std::map<uint64_t, BucketLayout> layouts) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  // Only layouts with saved residuals matter for an exact restart.
+  restored_.clear();
+  for (auto& kv : layouts) {
+    if (!kv.second.params.empty() && state.residuals.count(kv.first) != 0)
+      restored_.emplace(kv.first, std::move(kv.second));
+  }
   GRADCOMP_TORCH_CHECK(state.seed == options_.config.seed, "state_dict seed ", state.seed,
                        " differs from this hook's seed ", options_.config.seed);
   started_ = started;
@@ -342,7 +497,22 @@ c10::intrusive_ptr<c10::ivalue::Future> GradcompCommHook::runHook(c10d::GradBuck
   at::Tensor& buffer = bucket.getBufferRef();
   const uint64_t id = bucket_identity(static_cast<int64_t>(bucket.getIndex()), buffer.numel(),
                                       buffer.scalar_type(), shapes);
-  return core_->submit(buffer, static_cast<int64_t>(bucket.getIndex()), id, bucket.isLast());
+  std::vector<HookCore::ParamSlice> slices;
+  const std::vector<at::Tensor> params = bucket.getParameters();
+  const std::vector<at::Tensor> grads = bucket.getGradients();
+  const auto* base = static_cast<const char*>(buffer.data_ptr());
+  for (size_t i = 0; i < params.size() && i < grads.size(); ++i) {
+    const int64_t position = core_->param_index(params[i]);
+    if (position < 0) {
+      slices.clear();  // parameters unknown (set_parameters not called): no layout recorded
+      break;
+    }
+    const int64_t offset =
+        (static_cast<const char*>(grads[i].data_ptr()) - base) / buffer.element_size();
+    slices.push_back({position, offset, grads[i].numel()});
+  }
+  return core_->submit(buffer, static_cast<int64_t>(bucket.getIndex()), id, bucket.isLast(),
+                       std::move(slices));
 }
 
 at::Tensor GradcompCommHook::parseHookResult(const c10::IValue& result) {

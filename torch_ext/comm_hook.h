@@ -17,6 +17,7 @@
 #include <thread>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
+#include <unordered_map>
 #include <vector>
 
 #include "gradcomp/gradcomp.h"
@@ -54,20 +55,46 @@ class HookCore {
   HookCore(c10::intrusive_ptr<c10d::ProcessGroup> group, HookOptions options);
   ~HookCore();
 
+  // Where one parameter's gradient lies in a bucket: its position among the model's
+  // parameters (set_parameters), element offset and count.
+  struct ParamSlice {
+    int64_t param;
+    int64_t offset;
+    int64_t numel;
+  };
+  // A bucket's parameters in order, as a checkpoint records them.
+  struct BucketLayout {
+    int64_t index = 0;
+    int dtype = 0;
+    std::vector<std::pair<int64_t, int64_t>> params;  // (parameter position, numel)
+  };
+
+  // The DDP model's parameters in order (the register route): buckets are then recorded by
+  // parameter, so the first step after a restart can reduce the layout the checkpoint saved.
+  void set_parameters(const std::vector<at::Tensor>& params);
+  int64_t param_index(const at::Tensor& param) const;  // -1: not one of them
+
   // Queues one bucket; the future completes with the averaged bucket (written in place).
   // is_last marks the step's last bucket.
   c10::intrusive_ptr<c10::ivalue::Future> submit(at::Tensor bucket, int64_t index,
-                                                 uint64_t identity, bool is_last);
+                                                 uint64_t identity, bool is_last,
+                                                 std::vector<ParamSlice> params = {});
   // Averages one bucket on the calling thread. CPU buckets are done on return; CUDA buckets are
   // queued on the current stream (the hook's compression stream) and done when it gets there.
-  void reduce(at::Tensor bucket, int64_t index, uint64_t identity, bool is_last);
+  // Returns false when the bucket is held back until the step's last bucket (the first step
+  // after a restart whose buckets differ from the saved ones); `future` then completes later.
+  bool reduce(at::Tensor bucket, int64_t index, uint64_t identity, bool is_last,
+              const std::vector<ParamSlice>& params = {},
+              const c10::intrusive_ptr<c10::ivalue::Future>& future = {});
 
   HookStats last_step_stats() const;
   HookStats total_stats() const;
   int world_size() const;
 
   CompressionState state() const;
-  void load_state(const CompressionState& state, bool started);
+  std::map<uint64_t, BucketLayout> layouts() const;
+  void load_state(const CompressionState& state, bool started,
+                  std::map<uint64_t, BucketLayout> layouts = {});
   bool started() const;
 
  private:
@@ -76,6 +103,7 @@ class HookCore {
     int64_t index;
     uint64_t identity;
     bool is_last;
+    std::vector<ParamSlice> params;
     c10::intrusive_ptr<c10::ivalue::Future> future;
     // The submitting thread's profiler state (record-function callbacks and debug info), so
     // phases run on the worker show in its trace. Only these two: the full ThreadLocalState
@@ -83,7 +111,18 @@ class HookCore {
     at::RecordFunctionTLS record_function_tls;
     std::shared_ptr<c10::ThreadLocalDebugInfo> debug_info;
   };
-  void run(const Job& job);
+  struct Held {
+    at::Tensor bucket;
+    uint64_t identity;
+    std::vector<ParamSlice> params;
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+  };
+  void reduce_segments(CompressedAllreduce* engine, const std::vector<Segment>& segments,
+                       DType dtype, int64_t numel, size_t element_size, uint64_t identity,
+                       bool queued);
+  void reduce_restored_layouts(CompressedAllreduce* engine, const std::vector<Held>& held,
+                               bool queued);
+  void end_step(CompressedAllreduce* engine);
   void worker_loop();
   CompressedAllreduce& engine_for(const at::Tensor& bucket);
 
@@ -99,6 +138,11 @@ class HookCore {
   // Bucket identities of the step in progress and of the last complete one: when they differ
   // (DDP rebuilt its buckets), the buckets no longer used are released.
   std::set<uint64_t> step_ids_, last_step_ids_;
+  std::unordered_map<const c10::TensorImpl*, int64_t> param_index_;
+  std::map<uint64_t, BucketLayout> layouts_;   // buckets in use, by identity
+  std::map<uint64_t, BucketLayout> restored_;  // from load_state, until the next step starts
+  bool restoring_ = false;                     // this step's buckets are held back
+  std::vector<Held> held_;
   std::unique_ptr<CompressionState> pending_state_;
 
   std::mutex queue_mu_;

@@ -118,18 +118,41 @@ PYBIND11_MODULE(_C, m) {
              d["started"] = c.started();
              d["residuals"] = residual_dict(s.residuals);
              d["chunk_residuals"] = residual_dict(s.chunk_residuals);
+             py::dict layouts;
+             for (const auto& [id, layout] : c.layouts()) {
+               if (s.residuals.count(id) == 0) continue;
+               py::dict l;
+               l["index"] = layout.index;
+               l["dtype"] = layout.dtype;
+               l["params"] = layout.params;
+               layouts[py::int_(id)] = l;
+             }
+             d["layouts"] = layouts;
              return d;
            })
-      .def("load_state_dict", [](HookCore& c, const py::dict& d) {
-        GRADCOMP_TORCH_CHECK(d.contains("format") && d["format"].cast<int>() == 1,
-                             "not a gradcomp hook state_dict (format 1)");
-        gradcomp::CompressionState s;
-        s.seed = d["seed"].cast<uint64_t>();
-        s.step = d["step"].cast<uint32_t>();
-        s.residuals = residual_map(d["residuals"].cast<py::dict>());
-        s.chunk_residuals = residual_map(d["chunk_residuals"].cast<py::dict>());
-        c.load_state(s, d["started"].cast<bool>());
-      });
+      .def("load_state_dict",
+           [](HookCore& c, const py::dict& d) {
+             GRADCOMP_TORCH_CHECK(d.contains("format") && d["format"].cast<int>() == 1,
+                                  "not a gradcomp hook state_dict (format 1)");
+             gradcomp::CompressionState s;
+             s.seed = d["seed"].cast<uint64_t>();
+             s.step = d["step"].cast<uint32_t>();
+             s.residuals = residual_map(d["residuals"].cast<py::dict>());
+             s.chunk_residuals = residual_map(d["chunk_residuals"].cast<py::dict>());
+             std::map<uint64_t, HookCore::BucketLayout> layouts;
+             if (d.contains("layouts")) {
+               for (const auto& kv : d["layouts"].cast<py::dict>()) {
+                 const py::dict l = kv.second.cast<py::dict>();
+                 HookCore::BucketLayout layout;
+                 layout.index = l["index"].cast<int64_t>();
+                 layout.dtype = l["dtype"].cast<int>();
+                 layout.params = l["params"].cast<std::vector<std::pair<int64_t, int64_t>>>();
+                 layouts[kv.first.cast<uint64_t>()] = std::move(layout);
+               }
+             }
+             c.load_state(s, d["started"].cast<bool>(), std::move(layouts));
+           })
+      .def("set_parameters", &HookCore::set_parameters, py::arg("params"));
   m.def(
       "install_hook",
       [](py::object reducer, std::shared_ptr<HookCore> core) {

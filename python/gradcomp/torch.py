@@ -54,6 +54,8 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None) -
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(f"register expects a DistributedDataParallel model, got {type(ddp_model).__name__}")
     core = _C.HookCore(ddp_model.process_group, _options(codec))
+    # Buckets are recorded by parameter position, so a restart can reduce the saved layout.
+    core.set_parameters(list(ddp_model.parameters()))
     _C.install_hook(ddp_model.reducer, core)
     return Hook(core, Q4() if codec is None else codec)
 

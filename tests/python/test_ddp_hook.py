@@ -40,6 +40,11 @@ def test_checkpoint_resume_is_bit_identical(codec):
     assert all(launch("workers", "checkpoint_resume", 2, codec))
 
 
+@pytest.mark.parametrize("codec", ["q4", "topk"])
+def test_checkpoint_resume_is_bit_identical_when_ddp_rebuilds_buckets(codec):
+    assert all(launch("workers", "checkpoint_resume_rebuilt_layout", 2, codec))
+
+
 @pytest.mark.parametrize("route", ["register", "standard"])
 def test_rebuilt_buckets_release_the_old_ones(route):
     assert all(launch("workers", "rebuilt_buckets_release_the_old_ones", 2, route))

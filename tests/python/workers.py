@@ -158,6 +158,26 @@ def rebuilt_buckets_release_the_old_ones(rank, world, route):
     return True
 
 
+def _train_ddp(rank, make_model, ddp_kwargs, codec_name, steps, start, state, batch):
+    """Builds DDP + hook + SGD with momentum (restored from `state` when given) and trains
+    `steps` steps from `start` on per-rank random 64-feature batches; returns (ddp, opt, hook)."""
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(make_model(), **ddp_kwargs)
+    hook = gt.register(ddp, _codec(codec_name))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    if state is not None:
+        ddp.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        hook.load_state_dict(state["hook"])
+    for step in range(start, start + steps):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(batch, 64, generator=g), torch.randint(0, 10, (batch,), generator=g)
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    return ddp, opt, hook
+
+
 def checkpoint_resume(rank, world, codec_name):
     # The hook's own state round trip, on fixed buckets: 3 steps, save, a new hook loads the
     # state, 3 more steps; equal to 6 uninterrupted steps bit for bit.
@@ -185,23 +205,9 @@ def checkpoint_resume(rank, world, codec_name):
     # Through DDP and gt.register. DDP builds its first-iteration bucket in parameter order and
     # rebuilds it in gradient-ready order; with one parameter tensor the two agree, so the
     # restarted model sees the saved bucket layout (docs/api.md, "Checkpoints").
-    dims = (64, 10)
     def train(steps, start=0, state=None):
-        torch.manual_seed(0)
-        ddp = nn.parallel.DistributedDataParallel(MLP(dims, bias=False))
-        hook = gt.register(ddp, _codec(codec_name))
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-        if state is not None:
-            ddp.module.load_state_dict(state["model"])
-            opt.load_state_dict(state["opt"])
-            hook.load_state_dict(state["hook"])
-        for step in range(start, start + steps):
-            g = torch.Generator().manual_seed(100 * step + rank)
-            x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
-            opt.zero_grad()
-            nn.functional.cross_entropy(ddp(x), y).backward()
-            opt.step()
-        return ddp, opt, hook
+        return _train_ddp(rank, lambda: MLP((64, 10), bias=False), {}, codec_name, steps, start,
+                          state, batch=32)
 
     uninterrupted, _, _ = train(8)
     ddp, opt, hook = train(4)
@@ -218,21 +224,8 @@ def checkpoint_resume_rebuilt_layout(rank, world, codec_name):
     """Resume through DDP when its first-iteration buckets differ from the rebuilt ones the
     checkpoint saved: bit-identical to the uninterrupted run from the first step on."""
     def train(steps, start=0, state=None):
-        torch.manual_seed(0)
-        ddp = nn.parallel.DistributedDataParallel(_UsedInReverse(), bucket_cap_mb=0.004)
-        hook = gt.register(ddp, _codec(codec_name))
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-        if state is not None:
-            ddp.module.load_state_dict(state["model"])
-            opt.load_state_dict(state["opt"])
-            hook.load_state_dict(state["hook"])
-        for step in range(start, start + steps):
-            g = torch.Generator().manual_seed(100 * step + rank)
-            x, y = torch.randn(16, 64, generator=g), torch.randint(0, 10, (16,), generator=g)
-            opt.zero_grad()
-            nn.functional.cross_entropy(ddp(x), y).backward()
-            opt.step()
-        return ddp, opt, hook
+        return _train_ddp(rank, _UsedInReverse, {"bucket_cap_mb": 0.004}, codec_name, steps,
+                          start, state, batch=16)
 
     uninterrupted, _, _ = train(6)
     ddp, opt, hook = train(3)

@@ -71,7 +71,8 @@ class SegmentView {
     if (s == segments_) return nullptr;
     --s;
     if (first < s->offset || first + n > s->offset + s->numel) return nullptr;
-    return static_cast<char*>(s->data) + (first - s->offset) * (dtype_ == math::kDtypeF32 ? 4 : 2);
+    return static_cast<char*>(s->data) +
+           (first - s->offset) * static_cast<int64_t>(dtype_size(static_cast<DType>(dtype_)));
   }
 
   // Writes fp32 values to elements [first, first + n), rounding to the view's dtype.
@@ -242,6 +243,8 @@ void q4_encode(const Q4EncodeParams& p, int num_threads) {
   const int64_t chunk_size = detail::kQ4ChunkElements;
   const int64_t nchunks = (p.numel + chunk_size - 1) / chunk_size;
   const bool f32_residual = p.residual_dtype == math::kDtypeF32;
+  const int input_stride = static_cast<int>(dtype_size(static_cast<DType>(p.dtype)));
+  const int residual_stride = static_cast<int>(dtype_size(static_cast<DType>(p.residual_dtype)));
   const Isa isa = active_isa();
   SegmentView input(p.segments, p.num_segments, p.dtype);
 
@@ -263,12 +266,11 @@ void q4_encode(const Q4EncodeParams& p, int num_threads) {
       if (c + 1 < nchunks) {
         const int64_t next_n = std::min(chunk_size, p.numel - start - chunk_size);
         chunk.next_input = input.run(p.begin + start + chunk_size, next_n);
-        chunk.next_input_stride = static_cast<int>(dtype_size(static_cast<DType>(p.dtype)));
+        chunk.next_input_stride = input_stride;
         if (p.residual_in != nullptr) {
-          chunk.next_residual_stride =
-              static_cast<int>(dtype_size(static_cast<DType>(p.residual_dtype)));
-          chunk.next_residual_in = static_cast<const char*>(p.residual_in) +
-                                   (start + chunk_size) * chunk.next_residual_stride;
+          chunk.next_residual_stride = residual_stride;
+          chunk.next_residual_in =
+              static_cast<const char*>(p.residual_in) + (start + chunk_size) * residual_stride;
         }
       }
       if (p.residual_in != nullptr && f32_residual) {

@@ -171,13 +171,7 @@ class CudaBackend final : public Backend {
     if (state == cudaErrorNotReady) return false;
     GRADCOMP_CUDA_CHECK(state);
     snapshot_pending_ = false;
-    if (snapshot_->status != 0) {
-      GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kStatus, 0, sizeof(int32_t), stream_));
-      GRADCOMP_CHECK(false,
-                     "CUDA decode rejected a payload: "
-                         << (snapshot_->status == 100 ? "index out of range or out of order"
-                                                      : header_status_message(snapshot_->status)));
-    }
+    throw_if_rejected(snapshot_->status);
     *count = static_cast<uint32_t>(snapshot_->nonfinite_buckets);
     return true;
   }
@@ -190,18 +184,22 @@ class CudaBackend final : public Backend {
     int32_t status, nonfinite, nonfinite_buckets;
   };
 
-  // Waits for the stream, then reads the status words; a rejection is cleared and thrown.
+  // Waits for the stream, then reads the status words.
   Flags read_flags() {
     Flags f;
     GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&f, flags_, sizeof f, cudaMemcpyDeviceToHost, stream_));
     GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (f.status != 0) {
-      GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kStatus, 0, sizeof(int32_t), stream_));
-      GRADCOMP_CHECK(false, "CUDA decode rejected a payload: "
-                                << (f.status == 100 ? "index out of range or out of order"
-                                                    : header_status_message(f.status)));
-    }
+    throw_if_rejected(f.status);
     return f;
+  }
+
+  // A decoder's rejection code is cleared (so later decodes write again) and thrown.
+  void throw_if_rejected(int32_t status) {
+    if (status == 0) return;
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kStatus, 0, sizeof(int32_t), stream_));
+    GRADCOMP_CHECK(false, "CUDA decode rejected a payload: "
+                              << (status == 100 ? "index out of range or out of order"
+                                                : header_status_message(status)));
   }
 
   // Launch tables (segment lists, payload pointers) go through a ring of pinned host and device

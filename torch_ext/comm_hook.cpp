@@ -157,14 +157,14 @@ CompressedAllreduce& HookCore::engine_for(const at::Tensor& bucket) {
 }
 
 void HookCore::set_parameters(const std::vector<at::Tensor>& params) {
-  std::lock_guard<std::mutex> lock(state_mu_);
+  std::lock_guard<std::mutex> lock(params_mu_);
   param_index_.clear();
   for (size_t i = 0; i < params.size(); ++i)
     param_index_.emplace(params[i].unsafeGetTensorImpl(), static_cast<int64_t>(i));
 }
 
 int64_t HookCore::param_index(const at::Tensor& param) const {
-  std::lock_guard<std::mutex> lock(state_mu_);
+  std::lock_guard<std::mutex> lock(params_mu_);
   auto it = param_index_.find(param.unsafeGetTensorImpl());
   return it == param_index_.end() ? -1 : it->second;
 }
@@ -326,12 +326,7 @@ bool HookCore::reduce(at::Tensor bucket, int64_t index, uint64_t identity, bool 
     delta.uncompressed_bytes =
         static_cast<uint64_t>(2.0 * (w - 1) / w * bucket.numel() * bucket.element_size());
     delta.comm_seconds = comm_->seconds() - comm0;
-    for (HookStats* s : {&step_stats_, &total_}) {
-      s->buckets += delta.buckets;
-      s->bytes_sent += delta.bytes_sent;
-      s->uncompressed_bytes += delta.uncompressed_bytes;
-      s->comm_seconds += delta.comm_seconds;
-    }
+    add_stats(delta);
   }
   step_ids_.insert(identity);
   if (is_last) end_step(engine);
@@ -360,6 +355,10 @@ void HookCore::reduce_segments(CompressedAllreduce* engine, const std::vector<Se
   delta.comm_seconds = comm_->seconds() - comm0;
   delta.codec_seconds = total - delta.comm_seconds;
   delta.nonfinite_buckets = finite ? 0 : 1;
+  add_stats(delta);
+}
+
+void HookCore::add_stats(const HookStats& delta) {
   for (HookStats* s : {&step_stats_, &total_}) {
     s->buckets += delta.buckets;
     s->bytes_sent += delta.bytes_sent;

@@ -123,6 +123,7 @@ class HookCore {
   void reduce_restored_layouts(CompressedAllreduce* engine, const std::vector<Held>& held,
                                bool queued);
   void end_step(CompressedAllreduce* engine);
+  void add_stats(const HookStats& delta);
   void worker_loop();
   CompressedAllreduce& engine_for(const at::Tensor& bucket);
 
@@ -138,6 +139,9 @@ class HookCore {
   // Bucket identities of the step in progress and of the last complete one: when they differ
   // (DDP rebuilt its buckets), the buckets no longer used are released.
   std::set<uint64_t> step_ids_, last_step_ids_;
+  // Its own lock: runHook looks parameters up on the autograd thread while the worker holds
+  // state_mu_ for a whole reduction.
+  mutable std::mutex params_mu_;
   std::unordered_map<const c10::TensorImpl*, int64_t> param_index_;
   std::map<uint64_t, BucketLayout> layouts_;   // buckets in use, by identity
   std::map<uint64_t, BucketLayout> restored_;  // from load_state, until the next step starts

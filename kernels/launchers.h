@@ -10,24 +10,41 @@
 namespace gradcomp {
 namespace kernels {
 
+// What a launcher did. `rejected` names the rule the params broke (params_problem, or a
+// launcher's own requirement), and then nothing was launched; otherwise `error` is the status of
+// the launches. Launchers never synchronize.
+struct LaunchStatus {
+  const char* rejected = nullptr;
+  cudaError_t error = cudaSuccess;
+  bool ok() const { return rejected == nullptr && error == cudaSuccess; }
+};
+
+inline LaunchStatus launched(cudaError_t error) {
+  LaunchStatus s;
+  s.error = error;
+  return s;
+}
+
 // Every pointer in the params (segment tables and payload pointer arrays included) is device
-// memory. Launchers return the launch status; they never synchronize.
+// memory.
 
 // `max_ctas` bounds the grid so that encoding next to backward leaves SMs free (0 = no bound).
-cudaError_t run_q4_encode(const Q4EncodeParams& p, int max_ctas, cudaStream_t stream);
+LaunchStatus run_q4_encode(const Q4EncodeParams& p, int max_ctas, cudaStream_t stream);
 
 // Validates every header on the device into *p.status (which must be zero on entry), then decodes;
 // a non-zero status leaves the output untouched.
-cudaError_t run_q4_decode(const Q4DecodeParams& p, cudaStream_t stream);
+LaunchStatus run_q4_decode(const Q4DecodeParams& p, cudaStream_t stream);
 
+// Bytes p.workspace must hold for a bucket of numel elements: the same buffer serves encode (the
+// radix-select state) and decode (the fp32 sums).
 size_t topk_workspace_bytes(int64_t numel);
-cudaError_t run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream);
+LaunchStatus run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream);
 
-// p.workspace holds numel fp32 sums; *p.status must be zero on entry.
-cudaError_t run_topk_decode(const TopKDecodeParams& p, cudaStream_t stream);
+// *p.status must be zero on entry.
+LaunchStatus run_topk_decode(const TopKDecodeParams& p, cudaStream_t stream);
 
 // Reads the flag on the device, so the host never waits to choose a bucket's residuals.
-cudaError_t run_end_bucket(const EndBucketParams& p, cudaStream_t stream);
+LaunchStatus run_end_bucket(const EndBucketParams& p, cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace gradcomp

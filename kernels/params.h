@@ -1,9 +1,13 @@
-// Torch-free parameter structs shared by the CPU reference backend and the CUDA launchers.
+// The params structs every codec takes (CPU codecs and CUDA launchers alike) and their rules.
 #pragma once
 
 #include <stdint.h>
 
-#include "element_math.h"
+#include "math/half.h"
+#include "math/philox.h"
+#include "math/q4_math.h"
+#include "math/topk_math.h"
+#include "payload_header.h"
 
 namespace gradcomp {
 
@@ -67,7 +71,7 @@ struct TopKEncodeParams {
   bool exact = true;
   uint8_t value_dtype = math::kDtypeF32;
   uint8_t* payload = nullptr;  // topk_payload_bytes(capacity, value_dtype) bytes
-  void* workspace = nullptr;   // the backend's topk_workspace_bytes(numel); optional on the CPU
+  void* workspace = nullptr;   // the backend's topk_workspace_bytes(numel)
 };
 
 // Scatter-adds num_payloads top-k payloads into zeroed fp32 sums, divides by `divisor` and
@@ -86,7 +90,7 @@ struct TopKDecodeParams {
   float divisor = 1.0f;
   int32_t* status = nullptr;
   uint32_t* nonfinite = nullptr;
-  void* workspace = nullptr;  // numel fp32 sums; optional on the CPU
+  void* workspace = nullptr;  // the backend's topk_workspace_bytes(numel)
 };
 
 // A residual buffer one bucket's reduction wrote (candidate) and the one it started from
@@ -106,5 +110,80 @@ struct EndBucketParams {
   const uint32_t* nonfinite = nullptr;
   uint32_t* nonfinite_buckets = nullptr;
 };
+
+// ---- the rules, one place each ------------------------------------------------------------
+// Each returns null when the params keep every rule its fields alone can show, or the rule they
+// break. Segment tables, payload contents and workspaces are checked by the caller that can see
+// them (the backends' shared checks; the decoders for payload bytes).
+
+inline const char* q4_block_problem(uint32_t block) {
+  return math::q4_block_size_valid(block) ? nullptr
+                                          : "block size must be a power of two in [16, 256]";
+}
+
+inline const char* params_problem(const Q4EncodeParams& p) {
+  if (!math::dtype_valid(p.dtype)) return "input dtype code is not float32, float16 or bfloat16";
+  if ((p.residual_in != nullptr || p.residual_out != nullptr) &&
+      !math::dtype_valid(p.residual_dtype))
+    return "residual dtype code is not float32, float16 or bfloat16";
+  if (const char* block = q4_block_problem(p.block_size)) return block;
+  if (p.numel < 0) return "element count is negative";
+  if (p.begin < 0 || p.begin % p.block_size != 0)
+    return "range start is not a non-negative multiple of the block size";
+  if (p.payload == nullptr) return "payload is null";
+  return nullptr;
+}
+
+inline const char* params_problem(const Q4DecodeParams& p) {
+  if (p.num_payloads < 1 || p.payloads == nullptr) return "no payloads";
+  if (p.payload_bytes < kPayloadHeaderBytes) return "payloads are shorter than the 64-byte header";
+  if (!math::dtype_valid(p.dtype)) return "output dtype code is not float32, float16 or bfloat16";
+  if (const char* block = q4_block_problem(p.block_size)) return block;
+  if (p.numel < 0) return "element count is negative";
+  if (p.begin < 0) return "range start is negative";
+  return nullptr;
+}
+
+inline const char* params_problem(const TopKEncodeParams& p) {
+  if (!math::dtype_valid(p.dtype)) return "input dtype code is not float32, float16 or bfloat16";
+  if ((p.residual_in != nullptr || p.residual_out != nullptr) &&
+      !math::dtype_valid(p.residual_dtype))
+    return "residual dtype code is not float32, float16 or bfloat16";
+  if (!math::dtype_valid(p.value_dtype))
+    return "value dtype code is not float32, float16 or bfloat16";
+  if (p.numel < 0) return "element count is negative";
+  if (p.numel > math::kTopKMaxNumel)
+    return "bucket is too large for top-k (limit 2^31 - 1 elements: indices are 32-bit)";
+  if (p.begin < 0) return "range start is negative";
+  if (p.k < 0 || p.k > p.numel) return "k is outside [0, numel]";
+  if (p.capacity > static_cast<uint64_t>(p.numel)) return "capacity exceeds the element count";
+  if (p.exact && p.capacity != p.k) return "capacity must equal k in exact mode";
+  if (p.payload == nullptr) return "payload is null";
+  return nullptr;
+}
+
+inline const char* params_problem(const TopKDecodeParams& p) {
+  if (p.num_payloads < 1 || p.payloads == nullptr) return "no payloads";
+  if (p.payload_bytes < kPayloadHeaderBytes) return "payloads are shorter than the 64-byte header";
+  if (!math::dtype_valid(p.dtype)) return "output dtype code is not float32, float16 or bfloat16";
+  if (!math::dtype_valid(p.value_dtype))
+    return "value dtype code is not float32, float16 or bfloat16";
+  if (p.numel < 0) return "element count is negative";
+  if (p.numel > math::kTopKMaxNumel)
+    return "bucket is too large for top-k (limit 2^31 - 1 elements: indices are 32-bit)";
+  if (p.begin < 0) return "range start is negative";
+  return nullptr;
+}
+
+inline const char* params_problem(const EndBucketParams& p) {
+  if (p.num_pairs < 0 || p.num_pairs > EndBucketParams::kMaxPairs)
+    return "more residual pairs than EndBucketParams::kMaxPairs";
+  for (int i = 0; i < p.num_pairs; ++i) {
+    if (p.pairs[i].bytes > 0 &&
+        (p.pairs[i].candidate == nullptr || p.pairs[i].committed == nullptr))
+      return "a residual pair has no memory";
+  }
+  return nullptr;
+}
 
 }  // namespace gradcomp

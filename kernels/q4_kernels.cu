@@ -1,6 +1,6 @@
 // q4 CUDA kernels: fused encode (with error feedback) and decode-sum over W payloads.
-#include "device_common.cuh"
 #include "launchers.h"
+#include "segment_io.cuh"
 
 namespace gradcomp {
 namespace kernels {
@@ -9,13 +9,12 @@ namespace {
 constexpr int kThreads = 256;
 
 __device__ __forceinline__ uint64_t q4_codes_offset(uint64_t numel, uint32_t block) {
-  return math::kHeaderBytes +
-         math::align_up(math::q4_num_blocks(numel, block) * 4, math::kSectionAlign);
+  return format::section1_offset(format::make_q4_header(numel, block, 0, false));
 }
 
 __global__ void q4_header_kernel(uint8_t* payload, uint64_t numel, uint32_t block, uint8_t dtype,
                                  bool stochastic) {
-  write_header(payload, math::make_q4_header(numel, block, dtype, stochastic));
+  format::write_header(payload, format::make_q4_header(numel, block, dtype, stochastic));
 }
 
 // One thread owns 8 consecutive elements (one Philox call); the block_size / 8 lanes of a quant
@@ -25,7 +24,7 @@ __global__ void __launch_bounds__(kThreads) q4_encode_kernel(const Q4EncodeParam
   const int lane = threadIdx.x & 31;
   const int64_t groups = (p.numel + kGroup - 1) / kGroup;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  float* scales = reinterpret_cast<float*>(p.payload + math::kHeaderBytes);
+  float* scales = reinterpret_cast<float*>(p.payload + kPayloadHeaderBytes);
   uint8_t* codes = p.payload + q4_codes_offset(p.numel, p.block_size);
   const Segment residual_in{const_cast<void*>(p.residual_in), 0, p.numel};
   const Segment residual_out{p.residual_out, 0, p.numel};
@@ -57,7 +56,7 @@ __global__ void __launch_bounds__(kThreads) q4_encode_kernel(const Q4EncodeParam
     if (lane % lanes == 0) scales[first / p.block_size] = step;
     math::Philox4 r = {{0, 0, 0, 0}};
     if (p.stochastic && step > 0.0f) {
-      r = math::q4_random_group(p.rng, static_cast<uint64_t>(p.begin + first) / kGroup);
+      r = math::random_group(p.rng, static_cast<uint64_t>(p.begin + first) / kGroup);
     }
     uint32_t packed = 0;
     float dropped[kGroup];
@@ -83,13 +82,9 @@ __global__ void __launch_bounds__(kThreads) q4_encode_kernel(const Q4EncodeParam
 
 __global__ void q4_validate_kernel(const Q4DecodeParams p) {
   for (int w = threadIdx.x; w < p.num_payloads; w += blockDim.x) {
-    if (p.payload_bytes < math::kHeaderBytes) {
-      set_status(p.status, math::kHeaderTruncated);
-      continue;
-    }
-    const math::PayloadHeader h = read_header(p.payloads[w]);
-    set_status(p.status, math::check_header(h, math::kCodecQ4, p.numel, p.block_size,
-                                            math::kDtypeF32, p.payload_bytes));
+    const format::PayloadHeader h = format::read_header(p.payloads[w]);
+    set_status(p.status, format::check_header(h, format::kCodecQ4, p.numel, p.block_size,
+                                              math::kDtypeF32, p.payload_bytes));
   }
 }
 
@@ -108,7 +103,7 @@ __global__ void __launch_bounds__(kThreads) q4_decode_kernel(const Q4DecodeParam
     for (int j = 0; j < kGroup; ++j) sum[j] = 0.0f;
     for (int w = 0; w < p.num_payloads; ++w) {
       const uint8_t* payload = p.payloads[w];
-      const float step = reinterpret_cast<const float*>(payload + math::kHeaderBytes)[block];
+      const float step = reinterpret_cast<const float*>(payload + kPayloadHeaderBytes)[block];
       const uint32_t packed = reinterpret_cast<const uint32_t*>(payload + codes_at)[g];
 #pragma unroll
       for (int j = 0; j < kGroup; ++j) {
@@ -127,30 +122,30 @@ __global__ void __launch_bounds__(kThreads) q4_decode_kernel(const Q4DecodeParam
 
 }  // namespace
 
-cudaError_t run_q4_encode(const Q4EncodeParams& p, int max_ctas, cudaStream_t stream) {
-  if (p.block_size < 16 || p.block_size > 256 || (p.block_size & (p.block_size - 1)) != 0 ||
-      p.payload == nullptr || p.numel < 0 || p.begin % p.block_size != 0) {
-    return cudaErrorInvalidValue;
-  }
+LaunchStatus run_q4_encode(const Q4EncodeParams& p, int max_ctas, cudaStream_t stream) {
+  LaunchStatus s;
+  if ((s.rejected = params_problem(p)) != nullptr) return s;
   q4_header_kernel<<<1, 1, 0, stream>>>(p.payload, p.numel, p.block_size, p.dtype, p.stochastic);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || p.numel == 0) return err;
+  if ((s.error = cudaGetLastError()) != cudaSuccess || p.numel == 0) return s;
   const int64_t groups = (p.numel + kGroup - 1) / kGroup;
   q4_encode_kernel<<<grid_for(groups, kThreads, max_ctas), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  s.error = cudaGetLastError();
+  return s;
 }
 
-cudaError_t run_q4_decode(const Q4DecodeParams& p, cudaStream_t stream) {
-  if (p.num_payloads < 1 || p.payloads == nullptr || p.status == nullptr || p.numel < 0 ||
-      p.block_size < 16 || p.block_size > 256 || (p.block_size & (p.block_size - 1)) != 0) {
-    return cudaErrorInvalidValue;
+LaunchStatus run_q4_decode(const Q4DecodeParams& p, cudaStream_t stream) {
+  LaunchStatus s;
+  if ((s.rejected = params_problem(p)) != nullptr) return s;
+  if (p.status == nullptr) {
+    s.rejected = "no device status word";
+    return s;
   }
   q4_validate_kernel<<<1, 32, 0, stream>>>(p);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || p.numel == 0) return err;
+  if ((s.error = cudaGetLastError()) != cudaSuccess || p.numel == 0) return s;
   const int64_t groups = (p.numel + kGroup - 1) / kGroup;
   q4_decode_kernel<<<grid_for(groups, kThreads, 0), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  s.error = cudaGetLastError();
+  return s;
 }
 
 }  // namespace kernels

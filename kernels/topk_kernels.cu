@@ -4,8 +4,8 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
-#include "device_common.cuh"
 #include "launchers.h"
+#include "segment_io.cuh"
 
 namespace gradcomp {
 namespace kernels {
@@ -13,10 +13,9 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kTile = kThreads * kGroup;  // elements per compaction tile
-constexpr int kHistBins = 2048;
+constexpr int kHistBins = math::kTopKMaxBins;
 constexpr int kSampleThreads = 1024;
 constexpr int kSampleItems = static_cast<int>(math::kTopKSampleMax) / kSampleThreads;
-constexpr int kBadIndex = 100;  // status for an index out of range or out of order
 
 // Selection state kept on the device between kernels, so no step waits on the host.
 struct SelectState {
@@ -200,7 +199,7 @@ __global__ void __launch_bounds__(kThreads)
   Scan(temp).ExclusiveSum(mine, before);
   before += ws.tile_prefix[blockIdx.x];
   uint64_t gt = before >> 32, eq = before & 0xFFFFFFFFu;
-  uint32_t* indices = reinterpret_cast<uint32_t*>(p.payload + math::kHeaderBytes);
+  uint32_t* indices = reinterpret_cast<uint32_t*>(p.payload + kPayloadHeaderBytes);
   uint8_t* values = p.payload + values_offset;
   float out[kGroup];
   for (int j = 0; j < n; ++j) {
@@ -232,37 +231,33 @@ __global__ void topk_header_kernel(const TopKEncodeParams p, Workspace ws) {
     count = (total >> 32) + (eq < ws.state->eq_limit ? eq : ws.state->eq_limit);
     if (count > p.capacity) count = p.capacity;
   }
-  write_header(p.payload,
-               math::make_topk_header(p.numel, p.capacity, count, p.dtype, p.value_dtype));
+  format::write_header(
+      p.payload, format::make_topk_header(p.numel, p.capacity, count, p.dtype, p.value_dtype));
 }
 
 __global__ void topk_validate_kernel(const TopKDecodeParams p) {
   const int w = blockIdx.y;
-  if (p.payload_bytes < math::kHeaderBytes) {
-    set_status(p.status, math::kHeaderTruncated);
-    return;
-  }
-  const math::PayloadHeader h = read_header(p.payloads[w]);
-  const int code =
-      math::check_header(h, math::kCodecTopK, p.numel, p.capacity, p.value_dtype, p.payload_bytes);
+  const format::PayloadHeader h = format::read_header(p.payloads[w]);
+  const int code = format::check_header(h, format::kCodecTopK, p.numel, p.capacity, p.value_dtype,
+                                        p.payload_bytes);
   if (code != 0) {
     set_status(p.status, code);
     return;
   }
-  const uint32_t* idx = reinterpret_cast<const uint32_t*>(p.payloads[w] + math::kHeaderBytes);
+  const uint32_t* idx = reinterpret_cast<const uint32_t*>(p.payloads[w] + kPayloadHeaderBytes);
   for (uint64_t e = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < h.count;
        e += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
     const uint32_t i = idx[e];
-    if (i >= p.numel || (e > 0 && idx[e - 1] >= i)) set_status(p.status, kBadIndex);
+    if (i >= p.numel || (e > 0 && idx[e - 1] >= i)) set_status(p.status, format::kBadIndex);
   }
 }
 
 __global__ void topk_scatter_kernel(const TopKDecodeParams p, int w) {
   if (*p.status != 0) return;
   const uint8_t* payload = p.payloads[w];
-  const math::PayloadHeader h = read_header(payload);
-  const uint32_t* idx = reinterpret_cast<const uint32_t*>(payload + math::kHeaderBytes);
-  const uint8_t* values = payload + math::section1_offset(h);
+  const format::PayloadHeader h = format::read_header(payload);
+  const uint32_t* idx = reinterpret_cast<const uint32_t*>(payload + kPayloadHeaderBytes);
+  const uint8_t* values = payload + format::section1_offset(h);
   float* sums = static_cast<float*>(p.workspace);
   for (uint64_t e = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < h.count;
        e += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
@@ -292,73 +287,83 @@ __global__ void __launch_bounds__(kThreads) topk_finish_kernel(const TopKDecodeP
   if (p.nonfinite != nullptr && bad) atomicOr(p.nonfinite, 1u);
 }
 
-}  // namespace
-
-size_t topk_workspace_bytes(int64_t numel) {
+// The radix-select state: histogram, selection state, per-tile counts and prefixes.
+size_t select_state_bytes(int64_t numel) {
   return kHistBins * 4 + 64 +
          2 * sizeof(uint64_t) * static_cast<size_t>(num_tiles(numel > 0 ? numel : 1));
 }
 
-cudaError_t run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream) {
-  if (p.payload == nullptr || p.workspace == nullptr || p.numel < 0 || p.numel > 0x7FFFFFFF ||
-      p.k < 0 || p.k > p.numel || p.capacity > static_cast<uint64_t>(p.numel) ||
-      (p.exact && p.capacity != p.k) || (p.numel > 0 && p.k == 0)) {
-    return cudaErrorInvalidValue;
+}  // namespace
+
+size_t topk_workspace_bytes(int64_t numel) {
+  const size_t sums = static_cast<size_t>(numel > 0 ? numel : 0) * 4;
+  const size_t select = select_state_bytes(numel);
+  return sums > select ? sums : select;
+}
+
+LaunchStatus run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream) {
+  LaunchStatus s;
+  if ((s.rejected = params_problem(p)) != nullptr) return s;
+  if (p.workspace == nullptr) {
+    s.rejected = "no workspace";
+    return s;
   }
-  const math::PayloadHeader h =
-      math::make_topk_header(p.numel, p.capacity, 0, p.dtype, p.value_dtype);
-  cudaError_t err = cudaMemsetAsync(p.payload, 0, math::payload_bytes_of(h), stream);
-  if (err != cudaSuccess) return err;
+  const format::PayloadHeader h =
+      format::make_topk_header(p.numel, p.capacity, 0, p.dtype, p.value_dtype);
+  cudaError_t err = cudaMemsetAsync(p.payload, 0, format::payload_bytes_of(h), stream);
+  if (err != cudaSuccess) return launched(err);
   const Workspace ws = carve(p.workspace, p.numel);
   init_state_kernel<<<1, 1, 0, stream>>>(ws, p.k);
-  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
   if (p.numel > 0) {
     const int64_t groups = (p.numel + kGroup - 1) / kGroup;
     if (p.exact) {
       for (int pass = 0; pass < math::kTopKPasses; ++pass) {
         histogram_kernel<<<grid_for(groups, kThreads, 1024), kThreads, 0, stream>>>(p, ws, pass);
-        if ((err = cudaGetLastError()) != cudaSuccess) return err;
+        if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
         choose_digit_kernel<<<1, 1, 0, stream>>>(ws, pass);
-        if ((err = cudaGetLastError()) != cudaSuccess) return err;
+        if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
       }
     } else {
       sample_threshold_kernel<<<1, kSampleThreads, 0, stream>>>(p, ws);
-      if ((err = cudaGetLastError()) != cudaSuccess) return err;
+      if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
     }
     const int64_t tiles = num_tiles(p.numel);
     tile_count_kernel<<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p, ws);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
     tile_scan_kernel<<<1, 1024, 0, stream>>>(ws, tiles);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
     tile_write_kernel<<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
-        p, ws, math::section1_offset(h));
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+        p, ws, format::section1_offset(h));
+    if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
   }
   topk_header_kernel<<<1, 1, 0, stream>>>(p, ws);
-  return cudaGetLastError();
+  return launched(cudaGetLastError());
 }
 
-cudaError_t run_topk_decode(const TopKDecodeParams& p, cudaStream_t stream) {
-  if (p.num_payloads < 1 || p.payloads == nullptr || p.status == nullptr ||
-      p.workspace == nullptr || p.numel < 0 || p.numel > 0x7FFFFFFF) {
-    return cudaErrorInvalidValue;
+LaunchStatus run_topk_decode(const TopKDecodeParams& p, cudaStream_t stream) {
+  LaunchStatus s;
+  if ((s.rejected = params_problem(p)) != nullptr) return s;
+  if (p.workspace == nullptr || p.status == nullptr) {
+    s.rejected = p.workspace == nullptr ? "no workspace" : "no device status word";
+    return s;
   }
   const dim3 grid(static_cast<unsigned>(grid_for(p.capacity, kThreads, 1024)),
                   static_cast<unsigned>(p.num_payloads));
   topk_validate_kernel<<<grid, kThreads, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || p.numel == 0) return err;
+  if (err != cudaSuccess || p.numel == 0) return launched(err);
   if ((err = cudaMemsetAsync(p.workspace, 0, static_cast<size_t>(p.numel) * 4, stream)) !=
       cudaSuccess)
-    return err;
+    return launched(err);
   // One launch per payload, in rank order: the fp32 sums then match the CPU's order exactly.
   for (int w = 0; w < p.num_payloads; ++w) {
     topk_scatter_kernel<<<grid_for(p.capacity, kThreads, 1024), kThreads, 0, stream>>>(p, w);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
   }
   const int64_t groups = (p.numel + kGroup - 1) / kGroup;
   topk_finish_kernel<<<grid_for(groups, kThreads, 0), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launched(cudaGetLastError());
 }
 
 }  // namespace kernels

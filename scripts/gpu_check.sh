@@ -12,16 +12,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_PREFIX_PATH="$root/.gpu-deps/usr" > "$out/configure.log"
-cmake --build build-gpu -j "$(nproc)" --target gradcomp_tests gradcomp_bench_cuda > "$out/build.log" 2>&1 || {
+cmake --build build-gpu -j "$(nproc)" --target gradcomp_gpu_tests gradcomp_bench_cuda > "$out/build.log" 2>&1 || {
   tail -40 "$out/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 
 status=0
-./build-gpu/tests/gradcomp_tests --gtest_filter='Gpu*' 2>&1 | tee "$out/tests.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) ' || status=1
+./build-gpu/tests/gradcomp_gpu_tests 2>&1 | tee "$out/tests.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) ' || status=1
 grep -q 'FAILED' "$out/tests.log" && status=1
-compute-sanitizer --tool memcheck --error-exitcode 3 ./build-gpu/tests/gradcomp_tests \
-  --gtest_filter='Gpu*:-*Nccl*' > "$out/memcheck.log" 2>&1 && echo "memcheck: clean" || { echo "memcheck: FAILED"; status=1; }
-compute-sanitizer --tool racecheck --error-exitcode 3 ./build-gpu/tests/gradcomp_tests \
+compute-sanitizer --tool memcheck --error-exitcode 3 ./build-gpu/tests/gradcomp_gpu_tests \
+  --gtest_filter='-*Nccl*' > "$out/memcheck.log" 2>&1 && echo "memcheck: clean" || { echo "memcheck: FAILED"; status=1; }
+compute-sanitizer --tool racecheck --error-exitcode 3 ./build-gpu/tests/gradcomp_gpu_tests \
   --gtest_filter='GpuTopK.*:GpuQ4.Fused*' > "$out/racecheck.log" 2>&1 && echo "racecheck: clean" || { echo "racecheck: FAILED"; status=1; }
 echo "tests: $(( $(date +%s) - t0 )) s"
 

@@ -11,6 +11,10 @@ step() { printf '\n==== %s\n' "$*"; }
 
 "$root/scripts/setup.sh"
 
+step "layers (no upward includes) and clang-format"
+python3 "$root/scripts/check_layers.py"
+git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format --dry-run --Werror
+
 step "core build (CUDA architectures: $cuda_archs when nvcc is present)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$cuda_archs" \
   -DCMAKE_INSTALL_PREFIX="$root/build/install"

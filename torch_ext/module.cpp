@@ -1,11 +1,11 @@
-// gradcomp._C: Python bindings for the hook core and the C++ hook install on DDP's reducer.
+// gradcomp._C: Python bindings for the DDP hook and its install on DDP's reducer.
 #include <torch/csrc/utils/pybind.h>
 #include <torch/extension.h>
 
 #include <cstring>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
-#include "comm_hook.h"
+#include "ddp_hook.h"
 #include "tensor_params.h"
 
 namespace py = pybind11;
@@ -22,11 +22,9 @@ DType parse_dtype(const std::string& name, const char* what) {
                        "'");
 }
 
-HookOptions parse_options(const py::dict& d) {
-  HookOptions o;
+EngineOptions parse_options(const py::dict& d) {
   const std::string codec = d["codec"].cast<std::string>();
-  o.compress = codec != "none";
-  CompressionConfig& c = o.config;
+  CompressionConfig c;
   c.codec = codec == "topk" ? Codec::kTopK : Codec::kQ4;
   c.seed = d["seed"].cast<uint64_t>();
   c.error_feedback = d["error_feedback"].cast<bool>();
@@ -43,10 +41,10 @@ HookOptions parse_options(const py::dict& d) {
     c.topk.value_dtype = parse_dtype(d["value_dtype"].cast<std::string>(), "value_dtype");
   }
   call_core([&] { c.validate(); });
-  return o;
+  return engine_options(codec != "none", c);
 }
 
-py::dict stats_dict(const HookStats& s) {
+py::dict stats_dict(const ReductionStats& s) {
   py::dict d;
   d["buckets"] = s.buckets;
   d["bytes_sent"] = s.bytes_sent;
@@ -87,43 +85,45 @@ std::map<uint64_t, std::vector<uint8_t>> residual_map(const py::dict& d) {
 
 PYBIND11_MODULE(_C, m) {
   using namespace gradcomp::torch_ext;
+  using gradcomp::BucketLayout;
+  using gradcomp::DType;
+  using gradcomp::EngineState;
   m.doc() = "gradcomp C++ extension: compressed DDP communication hook and codec ops";
-  py::class_<HookCore, std::shared_ptr<HookCore>>(m, "HookCore")
+  py::class_<DdpHook, std::shared_ptr<DdpHook>>(m, "DdpHook")
       .def(py::init([](py::object group, const py::dict& options) {
              auto pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
-             return std::make_shared<HookCore>(pg, parse_options(options));
+             return std::make_shared<DdpHook>(pg, parse_options(options));
            }),
            py::arg("process_group"), py::arg("options"))
       .def(
           "reduce_bucket",
-          [](HookCore& core, at::Tensor bucket, int64_t index,
+          [](DdpHook& hook, at::Tensor bucket, int64_t index,
              const std::vector<std::vector<int64_t>>& shapes, bool is_last) {
-            const uint64_t id =
-                bucket_identity(index, bucket.numel(), bucket.scalar_type(), shapes);
+            const uint64_t id = ddp_bucket_identity(index, bucket, shapes);
             py::gil_scoped_release release;
-            core.reduce(bucket, index, id, is_last);
+            hook.reduce(bucket, index, id, is_last);
             return bucket;
           },
           py::arg("bucket"), py::arg("index"), py::arg("param_shapes"), py::arg("is_last") = false)
-      .def("last_step_stats", [](const HookCore& c) { return stats_dict(c.last_step_stats()); })
-      .def("total_stats", [](const HookCore& c) { return stats_dict(c.total_stats()); })
-      .def("world_size", &HookCore::world_size)
+      .def("last_step_stats",
+           [](const DdpHook& h) { return stats_dict(h.engine().last_step_stats()); })
+      .def("total_stats", [](const DdpHook& h) { return stats_dict(h.engine().total_stats()); })
+      .def("world_size", &DdpHook::world_size)
       .def("state_dict",
-           [](const HookCore& c) {
-             gradcomp::CompressionState s = c.state();
+           [](const DdpHook& h) {
+             const EngineState s = h.engine().state();
              py::dict d;
              d["format"] = 1;
-             d["seed"] = s.seed;
-             d["step"] = s.step;
-             d["started"] = c.started();
-             d["residuals"] = residual_dict(s.residuals);
-             d["chunk_residuals"] = residual_dict(s.chunk_residuals);
+             d["seed"] = s.compression.seed;
+             d["step"] = s.compression.step;
+             d["started"] = s.started;
+             d["residuals"] = residual_dict(s.compression.residuals);
+             d["chunk_residuals"] = residual_dict(s.compression.chunk_residuals);
              py::dict layouts;
-             for (const auto& [id, layout] : c.layouts()) {
-               if (s.residuals.count(id) == 0) continue;
+             for (const auto& [id, layout] : s.layouts) {
                py::dict l;
                l["index"] = layout.index;
-               l["dtype"] = layout.dtype;
+               l["dtype"] = static_cast<int>(layout.dtype);
                l["params"] = layout.params;
                layouts[py::int_(id)] = l;
              }
@@ -131,31 +131,34 @@ PYBIND11_MODULE(_C, m) {
              return d;
            })
       .def("load_state_dict",
-           [](HookCore& c, const py::dict& d) {
+           [](DdpHook& h, const py::dict& d) {
              GRADCOMP_TORCH_CHECK(d.contains("format") && d["format"].cast<int>() == 1,
                                   "not a gradcomp hook state_dict (format 1)");
-             gradcomp::CompressionState s;
-             s.seed = d["seed"].cast<uint64_t>();
-             s.step = d["step"].cast<uint32_t>();
-             s.residuals = residual_map(d["residuals"].cast<py::dict>());
-             s.chunk_residuals = residual_map(d["chunk_residuals"].cast<py::dict>());
-             std::map<uint64_t, HookCore::BucketLayout> layouts;
+             EngineState s;
+             s.compression.seed = d["seed"].cast<uint64_t>();
+             s.compression.step = d["step"].cast<uint32_t>();
+             s.compression.residuals = residual_map(d["residuals"].cast<py::dict>());
+             s.compression.chunk_residuals = residual_map(d["chunk_residuals"].cast<py::dict>());
+             s.started = d["started"].cast<bool>();
              if (d.contains("layouts")) {
                for (const auto& kv : d["layouts"].cast<py::dict>()) {
                  const py::dict l = kv.second.cast<py::dict>();
-                 HookCore::BucketLayout layout;
+                 BucketLayout layout;
                  layout.index = l["index"].cast<int64_t>();
-                 layout.dtype = l["dtype"].cast<int>();
+                 const int dtype = l["dtype"].cast<int>();
+                 GRADCOMP_TORCH_CHECK(gradcomp::math::dtype_valid(static_cast<uint8_t>(dtype)),
+                                      "state_dict layout has dtype code ", dtype);
+                 layout.dtype = static_cast<DType>(dtype);
                  layout.params = l["params"].cast<std::vector<std::pair<int64_t, int64_t>>>();
-                 layouts[kv.first.cast<uint64_t>()] = std::move(layout);
+                 s.layouts[kv.first.cast<uint64_t>()] = std::move(layout);
                }
              }
-             c.load_state(s, d["started"].cast<bool>(), std::move(layouts));
+             call_core([&] { h.engine().load_state(std::move(s)); });
            })
-      .def("set_parameters", &HookCore::set_parameters, py::arg("params"));
+      .def("set_parameters", &DdpHook::set_parameters, py::arg("params"));
   m.def(
       "install_hook",
-      [](py::object reducer, std::shared_ptr<HookCore> core) {
+      [](py::object reducer, std::shared_ptr<DdpHook> hook) {
         std::shared_ptr<c10d::Reducer> r;
         try {
           r = reducer.cast<std::shared_ptr<c10d::Reducer>>();
@@ -165,13 +168,17 @@ PYBIND11_MODULE(_C, m) {
               "ddp_model.reducer is not a c10d Reducer this extension can use; was gradcomp "
               "built against the installed torch?");
         }
-        r->register_comm_hook(std::make_unique<GradcompCommHook>(std::move(core)));
+        r->register_comm_hook(std::make_unique<GradcompCommHook>(std::move(hook)));
       },
-      py::arg("reducer"), py::arg("core"));
+      py::arg("reducer"), py::arg("hook"));
   m.def("bucket_identity", [](int64_t index, const at::Tensor& buffer,
                               const std::vector<std::vector<int64_t>>& shapes) {
-    return bucket_identity(index, buffer.numel(), buffer.scalar_type(), shapes);
+    return ddp_bucket_identity(index, buffer, shapes);
   });
+  std::vector<int> block_sizes;  // from the one rule, so Python's checks cannot drift from it
+  for (uint32_t b = 1; b <= gradcomp::math::kQ4MaxBlock; ++b)
+    if (gradcomp::math::q4_block_size_valid(b)) block_sizes.push_back(static_cast<int>(b));
+  m.attr("q4_block_sizes") = py::tuple(py::cast(block_sizes));
   m.attr("with_cuda") =
 #if defined(GRADCOMP_HAVE_CUDA)
       true;

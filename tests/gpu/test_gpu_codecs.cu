@@ -5,7 +5,9 @@
 #include <cmath>
 #include <limits>
 
+#include "gradcomp/collectives.h"
 #include "gradcomp/cuda.h"
+#include "gradcomp/inprocess_group.h"
 #include "gradcomp/nccl_communicator.h"
 #include "test_util.h"
 
@@ -208,6 +210,35 @@ TEST(GpuTopK, PayloadsAndResidualsEqualTheCpuByteForByte) {
         }
       }
     }
+  }
+}
+
+// k = 0 is accepted by both backends (it used to be refused on the GPU only) and selects nothing.
+TEST(GpuTopK, KZeroEqualsTheCpu) {
+  SKIP_WITHOUT_GPU();
+  auto backend = cuda::make_cuda_backend();
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{4099}}) {
+    HostTensor x = HostTensor::from_floats(DType::kFloat32, testing::normal_floats(n, 6));
+    if (n > 7) x.set(7, std::nanf(""));
+    std::vector<float> r = testing::normal_floats(n, 5, 0.1f);
+    auto ref = testing::topk_encode_tensor(x, 0, 0, true, DType::kFloat32, r);
+    DeviceBuffer dx(x.bytes.data(), x.bytes.size()), dr(r.data(), n * 4), dout(n * 4 + 16),
+        dp(ref.payload.size()), ws(backend->topk_workspace_bytes(n));
+    Segment seg{dx.get(), 0, n};
+    TopKEncodeParams p;
+    p.segments = &seg;
+    p.num_segments = 1;
+    p.numel = n;
+    p.residual_in = dr.get();
+    p.residual_out = dout.get();
+    p.k = 0;
+    p.capacity = 0;
+    p.payload = dp.get();
+    p.workspace = ws.get();
+    backend->topk_encode(p);
+    ASSERT_EQ(dp.host(), ref.payload) << "n=" << n;
+    auto res = dout.host();
+    ASSERT_EQ(std::memcmp(res.data(), ref.residual.data(), n * 4), 0) << "n=" << n;
   }
 }
 

@@ -15,7 +15,7 @@ def accuracy():
     def run(codec, error_feedback=True):
         key = (codec, error_feedback)
         if key not in results:
-            per_rank = launch("workers", "digits_accuracy", 2, codec, error_feedback, SEEDS, timeout=600)
+            per_rank = launch("workers_ddp", "digits_accuracy", 2, codec, error_feedback, SEEDS, timeout=600)
             assert per_rank[0] == per_rank[1], "ranks disagree on the trained model"
             results[key] = statistics.mean(per_rank[0])
         return results[key]

@@ -10,7 +10,7 @@ from launcher import launch
 @pytest.mark.parametrize("world", [1, 2, 3])
 @pytest.mark.parametrize("codec", ["q4", "q4_nearest", "topk"])
 def test_hook_equals_pure_pytorch_reference(world, codec):
-    results = launch("workers", "reference_equality", world, codec, 3001)
+    results = launch("workers_hook", "reference_equality", world, codec, 3001)
     sent, uncompressed = results[0]
     if world > 1:
         assert 0 < sent < uncompressed / 4
@@ -19,49 +19,49 @@ def test_hook_equals_pure_pytorch_reference(world, codec):
 @pytest.mark.parametrize("world", [4, 8])
 @pytest.mark.parametrize("codec", ["q4", "topk"])
 def test_hook_equals_reference_at_larger_world_sizes(world, codec):
-    results = launch("workers", "reference_equality", world, codec, 3001, timeout=300)
+    results = launch("workers_hook", "reference_equality", world, codec, 3001, timeout=300)
     assert len(results) == world
 
 
 def test_no_compression_equals_ddp_bit_for_bit():
-    buckets = launch("workers", "no_compression_matches_ddp", 2)
+    buckets = launch("workers_ddp", "no_compression_matches_ddp", 2)
     assert buckets[0] >= 20
 
 
 @pytest.mark.parametrize("codec,dtype", [("q4", "float32"), ("topk", "float32"), ("q4", "bfloat16")])
 def test_register_and_standard_route_agree(codec, dtype):
-    stats = launch("workers", "routes_agree", 2, codec, dtype)
+    stats = launch("workers_ddp", "routes_agree", 2, codec, dtype)
     # Against a ring allreduce of the bucket dtype: about 32 / 4.5 for fp32 and 16 / 4.5 for bf16.
     assert stats[0]["ratio"] > (6 if dtype == "float32" else 3)
 
 
 @pytest.mark.parametrize("codec", ["q4", "topk"])
 def test_checkpoint_resume_is_bit_identical(codec):
-    assert all(launch("workers", "checkpoint_resume", 2, codec))
+    assert all(launch("workers_hook", "checkpoint_resume", 2, codec))
 
 
 @pytest.mark.parametrize("codec", ["q4", "topk"])
 def test_checkpoint_resume_is_bit_identical_when_ddp_rebuilds_buckets(codec):
-    assert all(launch("workers", "checkpoint_resume_rebuilt_layout", 2, codec))
+    assert all(launch("workers_ddp", "checkpoint_resume_rebuilt_layout", 2, codec))
 
 
 @pytest.mark.parametrize("route", ["register", "standard"])
 def test_rebuilt_buckets_release_the_old_ones(route):
-    assert all(launch("workers", "rebuilt_buckets_release_the_old_ones", 2, route))
+    assert all(launch("workers_ddp", "rebuilt_buckets_release_the_old_ones", 2, route))
 
 
 @pytest.mark.parametrize("codec", ["q4", "topk"])
 def test_nan_on_one_rank_reaches_all_and_keeps_residuals(codec):
-    assert all(launch("workers", "nan_propagates", 2, codec))
+    assert all(launch("workers_hook", "nan_propagates", 2, codec))
 
 
 def test_layout_mismatch_names_the_ranks_quickly():
-    elapsed = launch("workers", "layout_mismatch", 3)
+    elapsed = launch("workers_hook", "layout_mismatch", 3)
     assert max(elapsed) < 10
 
 
 def test_no_sync_accumulation():
-    launch("workers", "no_sync_accumulates", 2)
+    launch("workers_ddp", "no_sync_accumulates", 2)
 
 
 def test_codec_specs_validate_their_options():
@@ -112,12 +112,12 @@ def test_decompress_rejects_corrupt_payloads():
 
 @pytest.mark.parametrize("option", ["gradient_as_bucket_view", "static_graph"])
 def test_ddp_options(option):
-    assert all(launch("workers", "ddp_options_agree", 2, option))
+    assert all(launch("workers_ddp", "ddp_options_agree", 2, option))
 
 
 def test_grad_scaler_skips_the_step_on_every_rank():
-    assert all(launch("workers", "grad_scaler_skips_on_every_rank", 2))
+    assert all(launch("workers_ddp", "grad_scaler_skips_on_every_rank", 2))
 
 
 def test_profiler_shows_every_phase():
-    assert all(launch("workers", "profiler_sees_phases", 2))
+    assert all(launch("workers_ddp", "profiler_sees_phases", 2))

@@ -11,4 +11,4 @@ def test_api_doc_example_runs():
     text = (ROOT / "docs" / "api.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     assert blocks, "docs/api.md has no python example"
-    assert launch("workers", "run_python_block", 1, blocks[0]) == [True]
+    assert launch("workers_ddp", "run_python_block", 1, blocks[0]) == [True]

@@ -11,8 +11,8 @@ pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and gradcomp.with
 
 @pytest.mark.parametrize("codec", ["q4", "q4_nearest", "topk"])
 def test_cuda_hook_equals_cpu_hook_bit_for_bit(codec):
-    assert all(launch("workers", "gpu_hook_matches_cpu", 1, codec))
+    assert all(launch("workers_gpu", "gpu_hook_matches_cpu", 1, codec))
 
 
 def test_ddp_on_gpu_encodes_on_its_own_stream_overlapping_backward():
-    assert all(launch("workers", "gpu_ddp_trains", 1))
+    assert all(launch("workers_gpu", "gpu_ddp_trains", 1))

@@ -1,4 +1,4 @@
-// Compressed allreduce over a small collective interface (all-to-all, allgather).
+// The compressed allreduce of one bucket: q4 two-phase or one-phase, top-k allgather.
 #pragma once
 
 #include <cstdint>
@@ -6,66 +6,14 @@
 #include <memory>
 #include <vector>
 
+#include "gradcomp/backend.h"
+#include "gradcomp/communicator.h"
 #include "gradcomp/types.h"
 
 namespace gradcomp {
-
-// The transport the compressed collectives are written against. Buffers are host memory or
-// device memory as device_memory() says; every rank calls each collective with equal sizes.
-class Communicator {
- public:
-  virtual ~Communicator() = default;
-  virtual int rank() const = 0;
-  virtual int world_size() const = 0;
-  virtual bool device_memory() const = 0;
-  // recv[w] (bytes_per_rank bytes) receives send[rank()] of rank w.
-  virtual void all_to_all(const void* send, void* recv, size_t bytes_per_rank) = 0;
-  // recv[w] receives rank w's send.
-  virtual void all_gather(const void* send, void* recv, size_t bytes_per_rank) = 0;
-  // Bytes this rank has put on the wire (its own slot is not counted).
-  uint64_t bytes_sent() const { return bytes_sent_; }
-
- protected:
-  uint64_t bytes_sent_ = 0;
-};
-
-// Where codec work runs: the CPU reference backend or the CUDA backend. Pointers handed to a
-// backend are host pointers for segment tables and payload pointer arrays; data pointers are
-// memory of the backend's kind.
-class Backend {
- public:
-  virtual ~Backend() = default;
-  virtual bool is_cuda() const = 0;
-  virtual void* allocate(size_t bytes) = 0;
-  virtual void release(void* p) = 0;
-  virtual void fill_zero(void* p, size_t bytes) = 0;
-  virtual void copy_to_host(void* host, const void* src, size_t bytes) = 0;
-  virtual void copy_from_host(void* dst, const void* host, size_t bytes) = 0;
-  virtual void q4_encode(const Q4EncodeParams& p) = 0;
-  virtual void q4_decode(const Q4DecodeParams& p) = 0;
-  virtual void topk_encode(const TopKEncodeParams& p) = 0;
-  virtual void topk_decode(const TopKDecodeParams& p) = 0;
-  // Bytes of top-k workspace needed for a bucket of numel elements.
-  virtual size_t topk_workspace_bytes(int64_t numel) const = 0;
-  // Waits for the backend's queued work (nothing to wait for on the CPU). Throws Error if a
-  // decode rejected a payload since the last check; reports and clears whether a decode
-  // produced non-finite values.
-  virtual bool take_decode_status() = 0;
-  // Ends one bucket's reduction in stream order, without waiting: when a decode since the last
-  // end_bucket() produced non-finite values, copies each pair's committed residual over its
-  // candidate (so the caller adopts the candidates either way) and counts the bucket as
-  // non-finite. Clears the non-finite flag. At most EndBucketParams::kMaxPairs pairs.
-  virtual void end_bucket(const ResidualPair* pairs, int count) = 0;
-  // Waits for the backend's queued work; throws Error if a decode rejected a payload since the
-  // last check; returns and clears the number of non-finite buckets end_bucket() counted.
-  virtual uint64_t take_nonfinite_buckets() = 0;
-  // The same report without waiting: returns false when it is not ready yet. On CUDA the first
-  // call queues a copy of the status words and later calls pick it up once the stream has
-  // passed it; buckets queued after that copy are reported by a later poll.
-  virtual bool poll_nonfinite_buckets(uint64_t* count) = 0;
-};
-
-std::unique_ptr<Backend> make_cpu_backend(int num_threads = 1);
+namespace detail {
+class BackendBuffer;
+}  // namespace detail
 
 enum class Q4Algorithm : uint8_t { kTwoPhase = 0, kOnePhase = 1 };
 
@@ -137,6 +85,10 @@ class CompressedAllreduce {
   void run_q4_two_phase(Bucket& b, const Segment* segments, int num_segments, DType dtype);
   void run_q4_one_phase(Bucket& b, const Segment* segments, int num_segments, DType dtype);
   void run_topk(Bucket& b, const Segment* segments, int num_segments, DType dtype);
+  // Points a q4 encode at the bucket's committed residual (in) and candidate (out), `offset`
+  // elements in; nothing without error feedback.
+  void set_residuals(Q4EncodeParams& e, detail::BackendBuffer* residual, const Bucket& b,
+                     int64_t offset) const;
   math::RngKey rng(const Bucket& b, uint32_t phase) const;
 
   Communicator& comm_;
@@ -145,20 +97,6 @@ class CompressedAllreduce {
   uint32_t step_ = 0;
   std::map<uint64_t, std::unique_ptr<Bucket>> buckets_;
   CompressionState pending_;  // loaded state for buckets not yet seen
-};
-
-// Runs W ranks in one process, each on its own thread; for testing the collective algorithms.
-class InProcessGroup {
- public:
-  explicit InProcessGroup(int world_size, double timeout_seconds = 10.0);
-  ~InProcessGroup();
-  Communicator& communicator(int rank);
-  int world_size() const;
-  struct Shared;
-
- private:
-  std::shared_ptr<Shared> shared_;
-  std::vector<std::unique_ptr<Communicator>> comms_;
 };
 
 }  // namespace gradcomp

@@ -1,4 +1,4 @@
-// CPU backend: the reference implementation of every codec. Payloads equal the CUDA backend's.
+// The CPU codecs: the reference implementation of every codec. Payloads equal the CUDA kernels'.
 #pragma once
 
 #include <cstddef>
@@ -21,16 +21,17 @@ Isa active_isa();
 // when this CPU lacks the instruction set.
 void set_active_isa(Isa isa);
 
-// Encodes one q4 payload. Throws Error on bad parameters. num_threads splits blocks over threads.
+// Encodes one q4 payload. Throws Error on bad parameters (the checks every backend shares).
+// num_threads splits blocks over threads.
 void q4_encode(const Q4EncodeParams& params, int num_threads = 1);
 
 // Validates every payload header first; on any mismatch throws Error and writes nothing.
 void q4_decode(const Q4DecodeParams& params, int num_threads = 1);
 
-// Bytes of the optional top-k workspace (params.workspace): the fp32 sums of numel elements.
-// Without it, encode and decode allocate the same amount per call.
+// Bytes of the top-k workspace (params.workspace) on the CPU: the fp32 sums of numel elements.
+// The CPU codecs take a null workspace and allocate the same amount per call; a Backend does not.
 inline size_t topk_workspace_bytes(int64_t numel) {
-  return static_cast<size_t>(numel) * 4;
+  return static_cast<size_t>(numel > 0 ? numel : 0) * 4;
 }
 
 // Encodes one top-k payload; returns the entries written.

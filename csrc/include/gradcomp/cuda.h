@@ -6,19 +6,25 @@
 #include <memory>
 #include <string>
 
-#include "gradcomp/collectives.h"
+#include "gradcomp/backend.h"
 #include "gradcomp/types.h"
 
 namespace gradcomp {
-namespace cuda {
+namespace kernels {
+struct LaunchStatus;
+}  // namespace kernels
 
-// The CUDA layer's one error-checking macro: throws gradcomp::Error naming the call and error.
-#define GRADCOMP_CUDA_CHECK(expr)                                                   \
-  do {                                                                              \
-    const cudaError_t gradcomp_cuda_err_ = (expr);                                  \
-    GRADCOMP_CHECK(gradcomp_cuda_err_ == cudaSuccess,                               \
-                   #expr << " failed: " << cudaGetErrorString(gradcomp_cuda_err_)); \
-  } while (0)
+namespace cuda {
+namespace detail {
+// Throw Error naming the call (and file and line) when a CUDA call failed, or when a launcher
+// refused its params or failed to launch (kernels/launchers.h).
+void check_cuda(cudaError_t status, const char* call, const char* file, int line);
+void check_cuda(const kernels::LaunchStatus& status, const char* call, const char* file, int line);
+}  // namespace detail
+
+// The CUDA layer's one error-checking macro, for CUDA runtime calls and gradcomp's launchers.
+#define GRADCOMP_CUDA_CHECK(expr) \
+  ::gradcomp::cuda::detail::check_cuda((expr), #expr, __FILE__, __LINE__)
 
 // True when a CUDA device can be used from this process.
 bool device_available();

@@ -5,10 +5,9 @@
 #include <string>
 
 #include "gradcomp/types.h"
+#include "payload_header.h"
 
 namespace gradcomp {
-
-constexpr uint64_t kPayloadHeaderBytes = 64;
 
 // Bytes of a q4 payload holding numel elements in blocks of block_size.
 uint64_t q4_payload_bytes(int64_t numel, int block_size);
@@ -32,7 +31,7 @@ struct PayloadInfo {
 // Reads and checks the header (magic, version, checksum, sizes against `size`); throws Error.
 PayloadInfo inspect_payload(const uint8_t* payload, uint64_t size);
 
-// Text for a math::HeaderStatus code.
-const char* header_status_message(int status);
+// Text for a format::PayloadStatus code.
+const char* payload_status_message(int status);
 
 }  // namespace gradcomp

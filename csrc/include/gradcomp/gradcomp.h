@@ -1,9 +1,13 @@
-// Umbrella header of the gradcomp core: codecs, wire format, CPU/CUDA backends, collectives.
+// Umbrella header of the gradcomp core: codecs, wire format, backends, collectives, the engine.
 #pragma once
 
+#include "gradcomp/backend.h"
 #include "gradcomp/collectives.h"
+#include "gradcomp/communicator.h"
 #include "gradcomp/cpu.h"
+#include "gradcomp/engine.h"
 #include "gradcomp/format.h"
+#include "gradcomp/inprocess_group.h"
 #include "gradcomp/types.h"
 #if defined(GRADCOMP_HAVE_CUDA)
 #include "gradcomp/cuda.h"

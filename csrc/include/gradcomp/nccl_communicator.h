@@ -4,7 +4,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include "gradcomp/collectives.h"
+#include "gradcomp/communicator.h"
 
 namespace gradcomp {
 
@@ -24,8 +24,12 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   bool device_memory() const override { return true; }
-  void all_to_all(const void* send, void* recv, size_t bytes_per_rank) override;
-  void all_gather(const void* send, void* recv, size_t bytes_per_rank) override;
+
+ protected:
+  void run_all_to_all(const void* send, void* recv, size_t bytes_per_rank) override;
+  void run_all_gather(const void* send, void* recv, size_t bytes_per_rank) override;
+  // ncclAvg on the communicator's stream.
+  void run_allreduce_mean(void* data, int64_t numel, DType dtype) override;
 
  private:
   ncclComm_t comm_;

@@ -12,13 +12,20 @@
 namespace gradcomp {
 
 enum class DType : uint8_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+static_assert(static_cast<uint8_t>(DType::kFloat32) == math::kDtypeF32 &&
+                  static_cast<uint8_t>(DType::kFloat16) == math::kDtypeF16 &&
+                  static_cast<uint8_t>(DType::kBFloat16) == math::kDtypeBF16,
+              "DType values are the dtype codes the kernels and payloads use");
 
 inline size_t dtype_size(DType d) {
-  return d == DType::kFloat32 ? 4 : 2;
+  return math::dtype_bytes(static_cast<uint8_t>(d));
 }
 const char* dtype_name(DType d);
 
 enum class Codec : uint8_t { kQ4 = 1, kTopK = 2 };
+static_assert(static_cast<uint8_t>(Codec::kQ4) == format::kCodecQ4 &&
+                  static_cast<uint8_t>(Codec::kTopK) == format::kCodecTopK,
+              "Codec values are the codec codes of the wire format");
 enum class Rounding : uint8_t { kStochastic = 0, kNearest = 1 };
 
 // Every error gradcomp raises. The message says what was wrong and where (bucket, rank, tensor).
@@ -42,7 +49,7 @@ namespace detail {
   } while (0)
 
 struct Q4Options {
-  int block_size = 64;  // power of two in [16, 256]; docs/algorithms.md explains the default
+  int block_size = 64;  // math::q4_block_size_valid; docs/algorithms.md explains the default
   Rounding rounding = Rounding::kStochastic;
   void validate() const;
 };
@@ -56,7 +63,7 @@ struct TopKOptions {
 };
 
 // Largest bucket top-k accepts: indices are 32-bit within a bucket.
-constexpr int64_t kTopKMaxNumel = (int64_t{1} << 31) - 1;
+constexpr int64_t kTopKMaxNumel = math::kTopKMaxNumel;
 
 // k for a bucket of n elements.
 int64_t topk_k(int64_t numel, double ratio);

@@ -1,0 +1,83 @@
+// The CPU backend: the reference codecs behind the Backend interface, on host memory.
+#include <cstring>
+
+#include "gradcomp/backend.h"
+#include "gradcomp/cpu.h"
+#include "params_checks.h"
+
+namespace gradcomp {
+namespace {
+
+using detail::check_backend_workspace;
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : threads_(threads) {}
+  bool is_cuda() const override { return false; }
+  void* allocate(size_t bytes) override { return ::operator new(bytes == 0 ? 1 : bytes); }
+  void release(void* p) noexcept override { ::operator delete(p); }
+  void fill_zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  void copy_to_host(void* host, const void* src, size_t bytes) override {
+    std::memcpy(host, src, bytes);
+  }
+  void copy_from_host(void* dst, const void* host, size_t bytes) override {
+    std::memcpy(dst, host, bytes);
+  }
+  void q4_encode(const Q4EncodeParams& p) override { cpu::q4_encode(p, threads_); }
+  void q4_decode(const Q4DecodeParams& p) override {
+    Q4DecodeParams q = p;
+    q.nonfinite = &nonfinite_;
+    cpu::q4_decode(q, threads_);
+  }
+  void topk_encode(const TopKEncodeParams& p) override {
+    detail::check_params(p, "top-k encode");
+    check_backend_workspace(p.workspace, "top-k encode");
+    cpu::topk_encode(p);
+  }
+  void topk_decode(const TopKDecodeParams& p) override {
+    detail::check_params(p, "top-k decode");
+    check_backend_workspace(p.workspace, "top-k decode");
+    TopKDecodeParams q = p;
+    q.nonfinite = &nonfinite_;
+    cpu::topk_decode(q);
+  }
+  size_t topk_workspace_bytes(int64_t numel) const override {
+    return cpu::topk_workspace_bytes(numel);
+  }
+  bool take_decode_status() override {
+    const bool bad = nonfinite_ != 0;
+    nonfinite_ = 0;
+    return bad;
+  }
+  void end_bucket(const ResidualPair* pairs, int count) override {
+    detail::end_bucket_params(pairs, count, "end_bucket");
+    if (nonfinite_ != 0) {
+      for (int i = 0; i < count; ++i)
+        std::memcpy(pairs[i].candidate, pairs[i].committed, static_cast<size_t>(pairs[i].bytes));
+      ++nonfinite_buckets_;
+    }
+    nonfinite_ = 0;
+  }
+  uint64_t take_nonfinite_buckets() override {
+    const uint64_t n = nonfinite_buckets_;
+    nonfinite_buckets_ = 0;
+    return n;
+  }
+  bool poll_nonfinite_buckets(uint64_t* count) override {
+    *count = take_nonfinite_buckets();
+    return true;
+  }
+
+ private:
+  int threads_;
+  uint32_t nonfinite_ = 0;
+  uint64_t nonfinite_buckets_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int num_threads) {
+  return std::make_unique<CpuBackend>(num_threads);
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,207 @@
+// CPU top-k codec: exact radix select or sampled threshold, ordered compaction, scatter-add decode.
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "cpu_codec_util.h"
+#include "gradcomp/cpu.h"
+#include "params_checks.h"
+
+namespace gradcomp {
+namespace cpu {
+namespace {
+
+using format::PayloadHeader;
+
+float load_residual(const void* r, int64_t i, uint8_t dtype) {
+  return r ? math::load_as_float(r, i, dtype) : 0.0f;
+}
+
+// acc = input + residual over elements [begin, begin + n) of the view (a residual of zeros
+// when there is none: the add still turns -0 into +0, as on the GPU).
+void load_sums(const detail::SegmentView& input, int64_t begin, const void* residual, uint8_t dtype,
+               int64_t n, float* acc) {
+  float r[detail::kStagingElements];
+  for (int64_t s = 0; s < n; s += detail::kStagingElements) {
+    const int64_t len = std::min<int64_t>(detail::kStagingElements, n - s);
+    const float* x = input.fp32_run(begin + s, len);
+    if (x == nullptr) {
+      input.gather(begin + s, len, acc + s);
+      x = acc + s;
+    }
+    if (residual != nullptr) {
+      detail::load_floats(residual, s, len, dtype, r);
+    } else {
+      std::fill(r, r + len, 0.0f);
+    }
+    for (int64_t j = 0; j < len; ++j) acc[s + j] = math::add_rn(x[j], r[j]);
+  }
+}
+
+// The approximate-mode threshold: the sample's m-th largest key, as the CUDA kernel finds it.
+uint32_t topk_sample_threshold(const float* acc, int64_t n, int64_t k) {
+  const int64_t samples = math::topk_sample_size(n);
+  std::vector<uint32_t> sample(static_cast<size_t>(samples));
+  for (int64_t j = 0; j < samples; ++j)
+    sample[j] = math::topk_key(acc[math::topk_sample_index(j, n, samples)]);
+  const int64_t m = math::topk_sample_rank(k, n, samples);
+  std::nth_element(sample.begin(), sample.begin() + (m - 1), sample.end(),
+                   std::greater<uint32_t>());
+  return sample[m - 1];
+}
+
+// The exact threshold key and how many elements equal to it are selected: the CUDA kernel's
+// radix passes (11, 11 and 9 bits), with the same result. The first pass histograms every key;
+// the later passes only the keys whose first digit was chosen, gathered once.
+void topk_exact_threshold(const float* acc, int64_t n, int64_t k, uint32_t* threshold,
+                          uint64_t* eq_limit) {
+  if (k == 0) {
+    *threshold = 0xFFFFFFFFu;  // selects nothing
+    *eq_limit = 0;
+    return;
+  }
+  // Four interleaved histograms, so runs of equal digits (gradients share exponents) do not
+  // serialize on one counter.
+  constexpr int kCopies = 4, kBins = math::kTopKMaxBins;
+  std::vector<uint32_t> hist(kCopies * kBins, 0u);
+  for (int64_t i = 0; i < n; ++i)
+    ++hist[(i & (kCopies - 1)) * kBins + math::topk_digit(math::topk_key(acc[i]), 0)];
+  for (int c = 1; c < kCopies; ++c)
+    for (int d = 0; d < kBins; ++d) hist[d] += hist[c * kBins + d];
+  uint64_t remaining = static_cast<uint64_t>(k), above = 0;
+  uint32_t prefix = math::topk_choose_digit(hist.data(), kBins, remaining, &above)
+                    << math::topk_pass_shift(0);
+  remaining -= above;
+  std::vector<uint32_t> candidates;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t key = math::topk_key(acc[i]);
+    if ((key & math::topk_pass_mask_above(1)) == prefix) candidates.push_back(key);
+  }
+  for (int pass = 1; pass < math::kTopKPasses; ++pass) {
+    const uint32_t mask = math::topk_pass_mask_above(pass);
+    std::fill(hist.begin(), hist.begin() + kBins, 0u);
+    for (uint32_t key : candidates)
+      if ((key & mask) == prefix) ++hist[math::topk_digit(key, pass)];
+    const uint32_t digit =
+        math::topk_choose_digit(hist.data(), math::topk_pass_bins(pass), remaining, &above);
+    remaining -= above;
+    prefix |= digit << math::topk_pass_shift(pass);
+  }
+  *threshold = prefix;
+  *eq_limit = remaining;
+}
+
+}  // namespace
+
+uint64_t topk_encode(const TopKEncodeParams& p) {
+  ::gradcomp::detail::check_params(p, "top-k encode");
+  const int64_t n = p.numel;
+  std::unique_ptr<float[]> own;
+  float* acc = static_cast<float*>(p.workspace);
+  if (acc == nullptr) {
+    own.reset(new float[static_cast<size_t>(n)]);
+    acc = own.get();
+  }
+  load_sums(detail::SegmentView(p.segments, p.num_segments, p.dtype), p.begin, p.residual_in,
+            p.residual_dtype, n, acc);
+
+  uint32_t threshold = 0;
+  uint64_t eq_limit = ~uint64_t{0};
+  if (p.exact) {
+    topk_exact_threshold(acc, n, p.k, &threshold, &eq_limit);
+  } else if (n > 0) {
+    threshold = topk_sample_threshold(acc, n, p.k);
+  }
+
+  const PayloadHeader h0 = format::make_topk_header(n, p.capacity, 0, p.dtype, p.value_dtype);
+  uint32_t* indices = reinterpret_cast<uint32_t*>(p.payload + kPayloadHeaderBytes);
+  uint8_t* values = p.payload + format::section1_offset(h0);
+  std::memset(indices, 0, h0.section0_bytes);
+  std::memset(values, 0, h0.section1_bytes);
+  // Only elements at or above the threshold can be selected or counted, and only non-finite
+  // ones keep their old residual: the rest keep acc as their residual. Their residuals are
+  // noted here and written after the bulk copy, since residual_in may alias residual_out.
+  struct ResidualFix {
+    int64_t index;
+    float residual;
+  };
+  std::vector<ResidualFix> fixes;
+  const uint32_t visit_from = std::min(threshold, 0x7F800000u);
+  uint64_t gt = 0, eq = 0, written = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t key = math::topk_key(acc[i]);
+    if (key < visit_from) continue;
+    const bool selected = key > threshold || (key == threshold && eq < eq_limit);
+    const uint64_t pos = gt + std::min(eq, eq_limit);
+    if (key > threshold) ++gt;
+    if (key == threshold) ++eq;
+    float residual = acc[i];
+    bool changed = false;
+    if (selected && pos < p.capacity) {
+      const float v = math::topk_value_round(acc[i], p.value_dtype);
+      indices[pos] = static_cast<uint32_t>(i);
+      math::store_from_float(values, static_cast<int64_t>(pos), p.value_dtype, v);
+      residual = math::sub_rn(acc[i], v);
+      changed = true;
+      written = pos + 1;
+    }
+    if (!math::is_finite_bits(key)) {
+      residual = load_residual(p.residual_in, i, p.residual_dtype);
+      changed = true;
+    }
+    if (changed && p.residual_out != nullptr) fixes.push_back({i, residual});
+  }
+  if (p.residual_out != nullptr) {
+    detail::store_floats(p.residual_out, 0, n, p.residual_dtype, acc);
+    for (const ResidualFix& f : fixes)
+      math::store_from_float(p.residual_out, f.index, p.residual_dtype, f.residual);
+  }
+  format::write_header(p.payload,
+                       format::make_topk_header(n, p.capacity, written, p.dtype, p.value_dtype));
+  return written;
+}
+
+void topk_decode(const TopKDecodeParams& p) {
+  ::gradcomp::detail::check_params(p, "top-k decode");
+  detail::validate_payload_headers(p.payloads, p.num_payloads, p.payload_bytes, format::kCodecTopK,
+                                   p.numel, p.capacity, p.value_dtype, "top-k decode");
+  for (int w = 0; w < p.num_payloads; ++w) {
+    const PayloadHeader h = format::read_header(p.payloads[w]);
+    const uint32_t* idx = reinterpret_cast<const uint32_t*>(p.payloads[w] + kPayloadHeaderBytes);
+    for (uint64_t e = 0; e < h.count; ++e) {
+      GRADCOMP_CHECK(idx[e] < static_cast<uint64_t>(p.numel),
+                     "top-k decode: payload " << w << " entry " << e << " has index " << idx[e]
+                                              << " outside [0, " << p.numel << ")");
+      GRADCOMP_CHECK(e == 0 || idx[e] > idx[e - 1],
+                     "top-k decode: payload " << w << " entry " << e
+                                              << " breaks the strictly increasing index order");
+    }
+  }
+  std::unique_ptr<float[]> own;
+  float* sum = static_cast<float*>(p.workspace);
+  if (sum == nullptr) {
+    own.reset(new float[static_cast<size_t>(p.numel)]);
+    sum = own.get();
+  }
+  std::fill(sum, sum + p.numel, 0.0f);
+  for (int w = 0; w < p.num_payloads; ++w) {
+    const PayloadHeader h = format::read_header(p.payloads[w]);
+    const uint32_t* idx = reinterpret_cast<const uint32_t*>(p.payloads[w] + kPayloadHeaderBytes);
+    const uint8_t* values = p.payloads[w] + format::section1_offset(h);
+    for (uint64_t e = 0; e < h.count; ++e) {
+      sum[idx[e]] = math::add_rn(
+          sum[idx[e]], math::load_as_float(values, static_cast<int64_t>(e), p.value_dtype));
+    }
+  }
+  bool nonfinite = false;
+  for (int64_t i = 0; i < p.numel; ++i) {
+    sum[i] = math::div_rn(sum[i], p.divisor);
+    nonfinite |= !math::is_finite_bits(math::float_bits(sum[i]));
+  }
+  detail::SegmentView(p.segments, p.num_segments, p.dtype).scatter(p.begin, p.numel, sum);
+  if (p.nonfinite != nullptr && nonfinite) *p.nonfinite = 1;
+}
+
+}  // namespace cpu
+}  // namespace gradcomp

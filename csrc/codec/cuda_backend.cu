@@ -1,0 +1,293 @@
+// CUDA backend: checks params with the CPU's rules, stages tables to the device, calls launchers.
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gradcomp/cuda.h"
+#include "gradcomp/format.h"
+#include "launchers.h"
+#include "params_checks.h"
+
+namespace gradcomp {
+namespace cuda {
+
+namespace detail {
+
+void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
+  if (status == cudaSuccess) return;
+  ::gradcomp::detail::throw_error(file, line,
+                                  std::string(call) + " failed: " + cudaGetErrorString(status));
+}
+
+void check_cuda(const kernels::LaunchStatus& status, const char* call, const char* file, int line) {
+  if (status.rejected != nullptr)
+    ::gradcomp::detail::throw_error(file, line,
+                                    std::string(call) + " refused its params: " + status.rejected);
+  check_cuda(status.error, call, file, line);
+}
+
+}  // namespace detail
+
+bool device_available() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error for later calls
+    return false;
+  }
+  return count > 0;
+}
+
+namespace {
+
+using ::gradcomp::detail::check_backend_workspace;
+using ::gradcomp::detail::check_params;
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaBackendOptions& o) : options_(o) {
+    GRADCOMP_CUDA_CHECK(cudaSetDevice(o.device));
+    stream_ = o.stream;
+    if (stream_ == nullptr) {
+      GRADCOMP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      owns_stream_ = true;
+    }
+    GRADCOMP_CUDA_CHECK(cudaMalloc(&flags_, kFlagWords * sizeof(int32_t)));
+    GRADCOMP_CUDA_CHECK(cudaMallocHost(&snapshot_, sizeof(Flags)));
+    GRADCOMP_CUDA_CHECK(cudaEventCreateWithFlags(&snapshot_done_, cudaEventDisableTiming));
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_, 0, kFlagWords * sizeof(int32_t), stream_));
+  }
+  // Destructors cannot throw: errors here are dropped, the memory is released regardless.
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    cudaFree(flags_);
+    cudaFreeHost(snapshot_);
+    cudaEventDestroy(snapshot_done_);
+    for (TableSlot& slot : tables_) {
+      if (slot.done != nullptr) cudaEventDestroy(slot.done);
+      cudaFreeHost(slot.host);
+      cudaFree(slot.device);
+    }
+    if (owns_stream_) cudaStreamDestroy(stream_);
+  }
+  bool is_cuda() const override { return true; }
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    GRADCOMP_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 16 : bytes));
+    return p;
+  }
+  // Buffers release from destructors, which must not throw: a failure is kept and raised by the
+  // next status call.
+  void release(void* p) noexcept override {
+    cudaError_t err = cudaStreamSynchronize(stream_);
+    const cudaError_t freed = cudaFree(p);
+    if (err == cudaSuccess) err = freed;
+    if (err != cudaSuccess && deferred_error_ == cudaSuccess) deferred_error_ = err;
+  }
+  void fill_zero(void* p, size_t bytes) override {
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+  }
+  void copy_to_host(void* host, const void* src, size_t bytes) override {
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void copy_from_host(void* dst, const void* host, size_t bytes) override {
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+    GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void q4_encode(const Q4EncodeParams& p) override {
+    check_params(p, "q4 encode");
+    Q4EncodeParams d = p;
+    TableSlot& slot = stage_segments(d.segments, p.num_segments);
+    GRADCOMP_CUDA_CHECK(kernels::run_q4_encode(d, options_.max_encode_ctas, stream_));
+    GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
+  }
+  void q4_decode(const Q4DecodeParams& p) override {
+    check_params(p, "q4 decode");
+    Q4DecodeParams d = p;
+    TableSlot& slot = stage_decode(d);
+    GRADCOMP_CUDA_CHECK(kernels::run_q4_decode(d, stream_));
+    GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
+  }
+  void topk_encode(const TopKEncodeParams& p) override {
+    check_params(p, "top-k encode");
+    check_backend_workspace(p.workspace, "top-k encode");
+    TopKEncodeParams d = p;
+    TableSlot& slot = stage_segments(d.segments, p.num_segments);
+    GRADCOMP_CUDA_CHECK(kernels::run_topk_encode(d, stream_));
+    GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
+  }
+  void topk_decode(const TopKDecodeParams& p) override {
+    check_params(p, "top-k decode");
+    check_backend_workspace(p.workspace, "top-k decode");
+    TopKDecodeParams d = p;
+    TableSlot& slot = stage_decode(d);
+    GRADCOMP_CUDA_CHECK(kernels::run_topk_decode(d, stream_));
+    GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
+  }
+  size_t topk_workspace_bytes(int64_t numel) const override {
+    return kernels::topk_workspace_bytes(numel);
+  }
+  bool take_decode_status() override {
+    const Flags f = read_flags();
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kNonfinite, 0, sizeof(int32_t), stream_));
+    return f.nonfinite != 0;
+  }
+  void end_bucket(const ResidualPair* pairs, int count) override {
+    EndBucketParams e = ::gradcomp::detail::end_bucket_params(pairs, count, "end_bucket");
+    e.nonfinite = reinterpret_cast<const uint32_t*>(flags_ + kNonfinite);
+    e.nonfinite_buckets = reinterpret_cast<uint32_t*>(flags_ + kNonfiniteBuckets);
+    GRADCOMP_CUDA_CHECK(kernels::run_end_bucket(e, stream_));
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kNonfinite, 0, sizeof(int32_t), stream_));
+  }
+  uint64_t take_nonfinite_buckets() override {
+    uint64_t polled = 0;
+    if (snapshot_pending_) {
+      GRADCOMP_CUDA_CHECK(cudaEventSynchronize(snapshot_done_));
+      poll_nonfinite_buckets(&polled);
+    }
+    const Flags f = read_flags();
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kNonfiniteBuckets, 0, sizeof(int32_t), stream_));
+    return polled + static_cast<uint32_t>(f.nonfinite_buckets);
+  }
+  bool poll_nonfinite_buckets(uint64_t* count) override {
+    *count = 0;
+    if (!snapshot_pending_) {
+      // Copy the status words, then clear the count in stream order, so every bucket is counted
+      // by exactly one report.
+      GRADCOMP_CUDA_CHECK(
+          cudaMemcpyAsync(snapshot_, flags_, sizeof(Flags), cudaMemcpyDeviceToHost, stream_));
+      GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kNonfiniteBuckets, 0, sizeof(int32_t), stream_));
+      GRADCOMP_CUDA_CHECK(cudaEventRecord(snapshot_done_, stream_));
+      snapshot_pending_ = true;
+      return false;
+    }
+    raise_deferred_error();
+    const cudaError_t state = cudaEventQuery(snapshot_done_);
+    if (state == cudaErrorNotReady) return false;
+    GRADCOMP_CUDA_CHECK(state);
+    snapshot_pending_ = false;
+    throw_if_rejected(snapshot_->status);
+    *count = static_cast<uint32_t>(snapshot_->nonfinite_buckets);
+    return true;
+  }
+
+ private:
+  // Status words on the device: a decoder's rejection code (decoders write nothing while it is
+  // non-zero), the non-finite flag of the current bucket, and the non-finite bucket count.
+  enum : int { kStatus = 0, kNonfinite = 1, kNonfiniteBuckets = 2, kFlagWords = 3 };
+  struct Flags {
+    int32_t status, nonfinite, nonfinite_buckets;
+  };
+
+  // Waits for the stream, then reads the status words.
+  Flags read_flags() {
+    raise_deferred_error();
+    Flags f;
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&f, flags_, sizeof f, cudaMemcpyDeviceToHost, stream_));
+    GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    throw_if_rejected(f.status);
+    return f;
+  }
+
+  // A decoder's rejection code is cleared (so later decodes write again) and thrown.
+  void throw_if_rejected(int32_t status) {
+    if (status == 0) return;
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kStatus, 0, sizeof(int32_t), stream_));
+    GRADCOMP_CHECK(false, "CUDA decode rejected a payload: " << payload_status_message(status));
+  }
+
+  // A failure release() had to keep, raised once.
+  void raise_deferred_error() {
+    const cudaError_t err = deferred_error_;
+    deferred_error_ = cudaSuccess;
+    GRADCOMP_CHECK(err == cudaSuccess,
+                   "releasing a CUDA buffer failed: " << cudaGetErrorString(err));
+  }
+
+  // Launch tables (segment lists, payload pointers) go through a ring of pinned host and device
+  // slots. A slot is reused only after the event recorded behind its last launch has passed,
+  // which with kTableSlots slots is long before the host gets back to it: staging never
+  // synchronizes the stream.
+  static constexpr int kTableSlots = 64;
+  struct TableSlot {
+    char* host = nullptr;
+    char* device = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;
+  };
+
+  TableSlot& acquire_table(size_t bytes) {
+    TableSlot& slot = tables_[next_table_];
+    next_table_ = (next_table_ + 1) % kTableSlots;
+    if (slot.done == nullptr) {
+      GRADCOMP_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+    } else {
+      GRADCOMP_CUDA_CHECK(cudaEventSynchronize(slot.done));
+    }
+    if (bytes > slot.bytes) {
+      GRADCOMP_CUDA_CHECK(cudaFreeHost(slot.host));
+      GRADCOMP_CUDA_CHECK(cudaFree(slot.device));
+      slot.host = nullptr;
+      slot.device = nullptr;
+      slot.bytes = std::max<size_t>(4096, bytes * 2);
+      GRADCOMP_CUDA_CHECK(cudaMallocHost(&slot.host, slot.bytes));
+      GRADCOMP_CUDA_CHECK(cudaMalloc(&slot.device, slot.bytes));
+    }
+    return slot;
+  }
+
+  static size_t align(size_t b) { return (b + 15) / 16 * 16; }
+
+  // Copies a decoder's segment table and payload pointer array to the device in one transfer and
+  // points the params at them and at the backend's status words. The caller records slot.done
+  // after its launch.
+  template <typename Params>
+  TableSlot& stage_decode(Params& d) {
+    const size_t seg_bytes = align(sizeof(Segment) * d.num_segments);
+    const size_t bytes = seg_bytes + sizeof(void*) * d.num_payloads;
+    TableSlot& slot = acquire_table(bytes);
+    std::memcpy(slot.host, d.segments, sizeof(Segment) * d.num_segments);
+    std::memcpy(slot.host + seg_bytes, d.payloads, sizeof(void*) * d.num_payloads);
+    GRADCOMP_CUDA_CHECK(
+        cudaMemcpyAsync(slot.device, slot.host, bytes, cudaMemcpyHostToDevice, stream_));
+    d.segments = reinterpret_cast<const Segment*>(slot.device);
+    d.payloads = reinterpret_cast<const uint8_t* const*>(slot.device + seg_bytes);
+    d.status = flags_ + kStatus;
+    d.nonfinite = reinterpret_cast<uint32_t*>(flags_ + kNonfinite);
+    return slot;
+  }
+
+  // Stages a segment table and repoints `segments` at the device copy.
+  TableSlot& stage_segments(const Segment*& segments, int count) {
+    const size_t bytes = sizeof(Segment) * count;
+    TableSlot& slot = acquire_table(bytes);
+    std::memcpy(slot.host, segments, bytes);
+    GRADCOMP_CUDA_CHECK(
+        cudaMemcpyAsync(slot.device, slot.host, bytes, cudaMemcpyHostToDevice, stream_));
+    segments = reinterpret_cast<const Segment*>(slot.device);
+    return slot;
+  }
+
+  CudaBackendOptions options_;
+  cudaStream_t stream_ = nullptr;
+  bool owns_stream_ = false;
+  int32_t* flags_ = nullptr;
+  Flags* snapshot_ = nullptr;  // pinned: the status words copied by poll_nonfinite_buckets
+  cudaEvent_t snapshot_done_ = nullptr;
+  bool snapshot_pending_ = false;
+  cudaError_t deferred_error_ = cudaSuccess;
+  std::array<TableSlot, kTableSlots> tables_;
+  int next_table_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
+  return std::make_unique<CudaBackend>(options);
+}
+
+}  // namespace cuda
+}  // namespace gradcomp

@@ -1,0 +1,46 @@
+// Params structs filled from a bucket's place and the codec options, for the collectives.
+#pragma once
+
+#include "gradcomp/types.h"
+
+namespace gradcomp {
+namespace detail {
+
+// Encode params of elements [begin, begin + numel) of a flattened bucket, residuals unset.
+inline Q4EncodeParams q4_encode_params(const Segment* segments, int num_segments, uint8_t dtype,
+                                       int64_t begin, int64_t numel, const Q4Options& q4,
+                                       math::RngKey rng, uint8_t* payload) {
+  Q4EncodeParams e;
+  e.segments = segments;
+  e.num_segments = num_segments;
+  e.dtype = dtype;
+  e.begin = begin;
+  e.numel = numel;
+  e.block_size = static_cast<uint32_t>(q4.block_size);
+  e.stochastic = q4.rounding == Rounding::kStochastic;
+  e.rng = rng;
+  e.payload = payload;
+  return e;
+}
+
+// Decode params writing elements [begin, begin + numel) of a flattened bucket.
+inline Q4DecodeParams q4_decode_params(const uint8_t* const* payloads, int num_payloads,
+                                       uint64_t payload_bytes, int64_t numel, const Q4Options& q4,
+                                       const Segment* segments, int num_segments, uint8_t dtype,
+                                       int64_t begin, float divisor) {
+  Q4DecodeParams d;
+  d.payloads = payloads;
+  d.num_payloads = num_payloads;
+  d.payload_bytes = payload_bytes;
+  d.numel = numel;
+  d.block_size = static_cast<uint32_t>(q4.block_size);
+  d.segments = segments;
+  d.num_segments = num_segments;
+  d.dtype = dtype;
+  d.begin = begin;
+  d.divisor = divisor;
+  return d;
+}
+
+}  // namespace detail
+}  // namespace gradcomp

@@ -1,0 +1,389 @@
+// The compressed allreduce of one bucket: q4 two-phase and one-phase, top-k allgather, the
+// buckets' residuals and their checkpoint.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "backend_buffer.h"
+#include "codec_params.h"
+#include "gradcomp/collectives.h"
+#include "gradcomp/format.h"
+
+namespace gradcomp {
+namespace {
+
+using Buffer = detail::BackendBuffer;
+using detail::q4_decode_params;
+using detail::q4_encode_params;
+
+int64_t div_up(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Chunk c of a two-phase q4 bucket covers [c * size, min(numel, (c + 1) * size)).
+int64_t q4_chunk_size(int64_t numel, int world, int block) {
+  return std::max<int64_t>(block, div_up(div_up(numel, world), block) * block);
+}
+int64_t chunk_numel(int64_t numel, int64_t chunk, int c) {
+  return std::max<int64_t>(0, std::min(numel, (c + 1) * chunk) - c * chunk);
+}
+
+// What every rank must agree on before a bucket's first compressed exchange.
+struct LayoutFingerprint {
+  uint64_t bucket_id;
+  int64_t numel;
+  uint32_t world;
+  uint8_t codec;
+  uint8_t dtype;
+  uint8_t algorithm;
+  uint8_t residual_dtype;
+  uint32_t param;  // q4 block size, top-k capacity
+  uint32_t error_feedback;
+  uint64_t reserved[4];
+  bool operator==(const LayoutFingerprint& o) const { return std::memcmp(this, &o, sizeof o) == 0; }
+};
+static_assert(sizeof(LayoutFingerprint) == 64, "fingerprint is exchanged as 64 bytes");
+
+// Pointers to the slots of a buffer holding one payload per rank.
+std::vector<const uint8_t*> slots(const Buffer& buffer, uint64_t slot_bytes, int world) {
+  std::vector<const uint8_t*> from(world);
+  for (int w = 0; w < world; ++w) from[w] = buffer.get() + slot_bytes * w;
+  return from;
+}
+
+}  // namespace
+
+void CompressionConfig::validate() const {
+  GRADCOMP_CHECK(codec == Codec::kQ4 || codec == Codec::kTopK, "unknown codec " << int(codec));
+  q4.validate();
+  topk.validate();
+  GRADCOMP_CHECK(residual_dtype == DType::kFloat32 || residual_dtype == DType::kBFloat16,
+                 "residual dtype must be float32 or bfloat16, got " << dtype_name(residual_dtype));
+}
+
+uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_t numel,
+                                         int world) {
+  const uint64_t others = static_cast<uint64_t>(world - 1);
+  if (config.codec == Codec::kTopK) {
+    return others * topk_payload_bytes(topk_capacity(numel, config.topk), config.topk.value_dtype);
+  }
+  if (config.q4_algorithm == Q4Algorithm::kOnePhase) {
+    return others * q4_payload_bytes(numel, config.q4.block_size);
+  }
+  const int64_t chunk = q4_chunk_size(numel, world, config.q4.block_size);
+  return 2 * others * q4_payload_bytes(chunk, config.q4.block_size);
+}
+
+// ---- the engine -----------------------------------------------------------------------------
+
+struct CompressedAllreduce::Bucket {
+  uint64_t id = 0;
+  int64_t numel = 0;
+  DType dtype = DType::kFloat32;
+  bool layout_checked = false;
+  int current = 0;                          // which residual buffer holds the committed residual
+  detail::BackendBuffer residual[2];        // whole bucket (q4 phase 1 / one-phase, top-k)
+  detail::BackendBuffer chunk_residual[2];  // own chunk (q4 phase 2)
+  detail::BackendBuffer send, recv, work, gathered, workspace;
+  uint64_t slot_bytes = 0;
+  int64_t chunk = 0;
+};
+
+CompressedAllreduce::CompressedAllreduce(Communicator& comm, Backend& backend,
+                                         const CompressionConfig& config)
+    : comm_(comm), backend_(backend), config_(config) {
+  config_.validate();
+  GRADCOMP_CHECK(comm.device_memory() == backend.is_cuda(),
+                 "communicator and backend disagree on host versus device memory");
+  pending_.seed = config_.seed;
+}
+
+CompressedAllreduce::~CompressedAllreduce() = default;
+
+math::RngKey CompressedAllreduce::rng(const Bucket& b, uint32_t phase) const {
+  math::RngKey key;
+  key.seed = config_.seed;
+  key.step = step_;
+  key.bucket = static_cast<uint32_t>(b.id);
+  key.rank = static_cast<uint32_t>(comm_.rank());
+  key.phase = phase;
+  return key;
+}
+
+CompressedAllreduce::Bucket& CompressedAllreduce::bucket_for(const Segment* segments,
+                                                             int num_segments, DType dtype,
+                                                             uint64_t bucket_id) {
+  int64_t numel = 0;
+  for (int i = 0; i < num_segments; ++i) numel += segments[i].numel;
+  auto it = buckets_.find(bucket_id);
+  if (it != buckets_.end()) {
+    Bucket& b = *it->second;
+    GRADCOMP_CHECK(b.numel == numel && b.dtype == dtype,
+                   "bucket " << bucket_id << " on rank " << comm_.rank() << " changed from "
+                             << b.numel << " " << dtype_name(b.dtype) << " elements to " << numel
+                             << " " << dtype_name(dtype)
+                             << "; use a new bucket identity for a new layout");
+    return b;
+  }
+  if (config_.codec == Codec::kTopK) {
+    GRADCOMP_CHECK(numel <= kTopKMaxNumel, "bucket " << bucket_id << " on rank " << comm_.rank()
+                                                     << " has " << numel
+                                                     << " elements; top-k allows at most 2^31 - 1");
+  }
+  auto b = std::make_unique<Bucket>();
+  b->id = bucket_id;
+  b->numel = numel;
+  b->dtype = dtype;
+  const int world = comm_.world_size();
+  const size_t rbytes = static_cast<size_t>(numel) * dtype_size(config_.residual_dtype);
+  if (config_.error_feedback) {
+    for (auto& r : b->residual) r = Buffer(backend_, rbytes);
+  }
+  if (config_.codec == Codec::kQ4 && config_.q4_algorithm == Q4Algorithm::kTwoPhase) {
+    b->chunk = q4_chunk_size(numel, world, config_.q4.block_size);
+    b->slot_bytes = q4_payload_bytes(b->chunk, config_.q4.block_size);
+    b->send = Buffer(backend_, b->slot_bytes * world);
+    b->recv = Buffer(backend_, b->slot_bytes * world);
+    b->work = Buffer(backend_, static_cast<size_t>(b->chunk) * 4);
+    if (config_.error_feedback) {
+      for (auto& r : b->chunk_residual) {
+        r = Buffer(backend_, static_cast<size_t>(b->chunk) * dtype_size(config_.residual_dtype));
+      }
+    }
+  } else if (config_.codec == Codec::kQ4) {
+    b->slot_bytes = q4_payload_bytes(numel, config_.q4.block_size);
+    b->send = Buffer(backend_, b->slot_bytes);
+  } else {
+    b->slot_bytes =
+        topk_payload_bytes(topk_capacity(numel, config_.topk), config_.topk.value_dtype);
+    b->send = Buffer(backend_, b->slot_bytes);
+    const size_t ws = backend_.topk_workspace_bytes(numel);
+    if (ws > 0) b->workspace = Buffer(backend_, ws);
+  }
+  b->gathered = Buffer(backend_, b->slot_bytes * world);
+  // Residuals restored from a checkpoint before this bucket was first seen.
+  auto restore = [&](std::map<uint64_t, std::vector<uint8_t>>& from, Buffer* to, const char* what) {
+    auto r = from.find(bucket_id);
+    if (r == from.end()) return;
+    GRADCOMP_CHECK(to[0].get() != nullptr && r->second.size() == to[0].bytes(),
+                   "checkpoint " << what << " for bucket " << bucket_id << " on rank "
+                                 << comm_.rank() << " has " << r->second.size()
+                                 << " bytes, the bucket needs " << to[0].bytes());
+    backend_.copy_from_host(to[0].get(), r->second.data(), r->second.size());
+    from.erase(r);
+  };
+  restore(pending_.residuals, b->residual, "residual");
+  restore(pending_.chunk_residuals, b->chunk_residual, "chunk residual");
+  Bucket& ref = *b;
+  buckets_[bucket_id] = std::move(b);
+  return ref;
+}
+
+void CompressedAllreduce::check_layout(const Bucket& b, uint64_t bucket_id) {
+  LayoutFingerprint mine;
+  std::memset(&mine, 0, sizeof mine);
+  mine.bucket_id = bucket_id;
+  mine.numel = b.numel;
+  mine.world = static_cast<uint32_t>(comm_.world_size());
+  mine.codec = static_cast<uint8_t>(config_.codec);
+  mine.dtype = static_cast<uint8_t>(b.dtype);
+  mine.algorithm = static_cast<uint8_t>(config_.q4_algorithm);
+  mine.residual_dtype = static_cast<uint8_t>(config_.residual_dtype);
+  mine.param = config_.codec == Codec::kQ4
+                   ? static_cast<uint32_t>(config_.q4.block_size)
+                   : static_cast<uint32_t>(topk_capacity(b.numel, config_.topk));
+  mine.error_feedback = config_.error_feedback ? 1 : 0;
+  const int world = comm_.world_size();
+  std::vector<LayoutFingerprint> all(world);
+  Buffer send(backend_, sizeof mine), recv(backend_, sizeof mine * world);
+  backend_.copy_from_host(send.get(), &mine, sizeof mine);
+  comm_.all_gather(send.get(), recv.get(), sizeof mine);
+  backend_.copy_to_host(all.data(), recv.get(), sizeof mine * world);
+  for (int w = 0; w < world; ++w) {
+    if (all[w] == all[0]) continue;
+    GRADCOMP_CHECK(false, "layout mismatch at the first compressed step: rank 0 has bucket "
+                              << all[0].bucket_id << " with " << all[0].numel << " elements (dtype "
+                              << int(all[0].dtype) << ", codec " << int(all[0].codec) << ", param "
+                              << all[0].param << "), rank " << w << " has bucket "
+                              << all[w].bucket_id << " with " << all[w].numel << " elements (dtype "
+                              << int(all[w].dtype) << ", codec " << int(all[w].codec) << ", param "
+                              << all[w].param << "); every rank must build identical buckets");
+  }
+}
+
+bool CompressedAllreduce::allreduce(const Segment* segments, int num_segments, DType dtype,
+                                    uint64_t bucket_id) {
+  backend_.take_nonfinite_buckets();
+  enqueue_allreduce(segments, num_segments, dtype, bucket_id);
+  return backend_.take_nonfinite_buckets() == 0;
+}
+
+void CompressedAllreduce::enqueue_allreduce(const Segment* segments, int num_segments, DType dtype,
+                                            uint64_t bucket_id) {
+  Bucket& b = bucket_for(segments, num_segments, dtype, bucket_id);
+  if (!b.layout_checked) {
+    check_layout(b, bucket_id);
+    b.layout_checked = true;
+  }
+  if (config_.codec == Codec::kTopK) {
+    run_topk(b, segments, num_segments, dtype);
+  } else if (config_.q4_algorithm == Q4Algorithm::kTwoPhase) {
+    run_q4_two_phase(b, segments, num_segments, dtype);
+  } else {
+    run_q4_one_phase(b, segments, num_segments, dtype);
+  }
+  // A non-finite result (on every rank alike: all decoded the same payloads) leaves the
+  // committed residuals in place; end_bucket copies them over the candidates on the device, so
+  // adopting the candidates is right either way and needs no host decision.
+  ResidualPair pairs[EndBucketParams::kMaxPairs];
+  int count = 0;
+  if (config_.error_feedback) {
+    for (Buffer* r : {b.residual, b.chunk_residual}) {
+      if (r[0].get() == nullptr) continue;
+      pairs[count].candidate = r[b.current ^ 1].get();
+      pairs[count].committed = r[b.current].get();
+      pairs[count].bytes = r[0].bytes();
+      ++count;
+    }
+  }
+  backend_.end_bucket(pairs, count);
+  if (config_.error_feedback) b.current ^= 1;
+}
+
+uint64_t CompressedAllreduce::synchronize() {
+  return backend_.take_nonfinite_buckets();
+}
+
+bool CompressedAllreduce::poll(uint64_t* nonfinite_buckets) {
+  return backend_.poll_nonfinite_buckets(nonfinite_buckets);
+}
+
+void CompressedAllreduce::set_residuals(Q4EncodeParams& e, Buffer* residual, const Bucket& b,
+                                        int64_t offset) const {
+  if (!config_.error_feedback) return;
+  const size_t at = static_cast<size_t>(offset) * dtype_size(config_.residual_dtype);
+  e.residual_in = residual[b.current].get() + at;
+  e.residual_out = residual[b.current ^ 1].get() + at;
+  e.residual_dtype = static_cast<uint8_t>(config_.residual_dtype);
+}
+
+void CompressedAllreduce::run_q4_two_phase(Bucket& b, const Segment* segments, int num_segments,
+                                           DType dtype) {
+  const int world = comm_.world_size();
+  const int rank = comm_.rank();
+  const uint8_t code = static_cast<uint8_t>(dtype);
+  for (int c = 0; c < world; ++c) {
+    Q4EncodeParams e = q4_encode_params(segments, num_segments, code, c * b.chunk,
+                                        chunk_numel(b.numel, b.chunk, c), config_.q4, rng(b, 0),
+                                        b.send.get() + b.slot_bytes * c);
+    set_residuals(e, b.residual, b, e.begin);
+    backend_.q4_encode(e);
+  }
+  comm_.all_to_all(b.send.get(), b.recv.get(), b.slot_bytes);
+
+  // Sum my chunk from every rank in fp32, then re-encode it with my own chunk residual. A
+  // non-finite chunk sum re-encodes to NaN scales, so the final decode flags it on every rank.
+  const int64_t mine = chunk_numel(b.numel, b.chunk, rank);
+  const std::vector<const uint8_t*> from = slots(b.recv, b.slot_bytes, world);
+  Segment work{b.work.get(), rank * b.chunk, b.chunk};
+  backend_.q4_decode(q4_decode_params(from.data(), world, b.slot_bytes, mine, config_.q4, &work, 1,
+                                      math::kDtypeF32, rank * b.chunk, 1.0f));
+  Q4EncodeParams e = q4_encode_params(&work, 1, math::kDtypeF32, rank * b.chunk, mine, config_.q4,
+                                      rng(b, 1), b.send.get());
+  set_residuals(e, b.chunk_residual, b, 0);
+  backend_.q4_encode(e);
+  comm_.all_gather(b.send.get(), b.gathered.get(), b.slot_bytes);
+
+  for (int w = 0; w < world; ++w) {
+    const uint8_t* p = b.gathered.get() + b.slot_bytes * w;
+    backend_.q4_decode(q4_decode_params(&p, 1, b.slot_bytes, chunk_numel(b.numel, b.chunk, w),
+                                        config_.q4, segments, num_segments, code, w * b.chunk,
+                                        static_cast<float>(world)));
+  }
+}
+
+void CompressedAllreduce::run_q4_one_phase(Bucket& b, const Segment* segments, int num_segments,
+                                           DType dtype) {
+  const int world = comm_.world_size();
+  const uint8_t code = static_cast<uint8_t>(dtype);
+  Q4EncodeParams e = q4_encode_params(segments, num_segments, code, 0, b.numel, config_.q4,
+                                      rng(b, 0), b.send.get());
+  set_residuals(e, b.residual, b, 0);
+  backend_.q4_encode(e);
+  comm_.all_gather(b.send.get(), b.gathered.get(), b.slot_bytes);
+  const std::vector<const uint8_t*> from = slots(b.gathered, b.slot_bytes, world);
+  backend_.q4_decode(q4_decode_params(from.data(), world, b.slot_bytes, b.numel, config_.q4,
+                                      segments, num_segments, code, 0, static_cast<float>(world)));
+}
+
+void CompressedAllreduce::run_topk(Bucket& b, const Segment* segments, int num_segments,
+                                   DType dtype) {
+  const int world = comm_.world_size();
+  TopKEncodeParams e;
+  e.segments = segments;
+  e.num_segments = num_segments;
+  e.dtype = static_cast<uint8_t>(dtype);
+  e.numel = b.numel;
+  if (config_.error_feedback) {
+    e.residual_in = b.residual[b.current].get();
+    e.residual_out = b.residual[b.current ^ 1].get();
+    e.residual_dtype = static_cast<uint8_t>(config_.residual_dtype);
+  }
+  e.k = topk_k(b.numel, config_.topk.ratio);
+  e.capacity = static_cast<uint32_t>(topk_capacity(b.numel, config_.topk));
+  e.exact = config_.topk.exact;
+  e.value_dtype = static_cast<uint8_t>(config_.topk.value_dtype);
+  e.payload = b.send.get();
+  e.workspace = b.workspace.get();
+  backend_.topk_encode(e);
+  comm_.all_gather(b.send.get(), b.gathered.get(), b.slot_bytes);
+  const std::vector<const uint8_t*> from = slots(b.gathered, b.slot_bytes, world);
+  TopKDecodeParams d;
+  d.payloads = from.data();
+  d.num_payloads = world;
+  d.payload_bytes = b.slot_bytes;
+  d.numel = b.numel;
+  d.capacity = e.capacity;
+  d.value_dtype = e.value_dtype;
+  d.segments = segments;
+  d.num_segments = num_segments;
+  d.dtype = e.dtype;
+  d.divisor = static_cast<float>(world);
+  d.workspace = b.workspace.get();
+  backend_.topk_decode(d);
+}
+
+CompressionState CompressedAllreduce::state() const {
+  CompressionState s = pending_;
+  s.seed = config_.seed;
+  s.step = step_;
+  for (const auto& kv : buckets_) {
+    const Bucket& b = *kv.second;
+    auto save = [&](const Buffer& buf, std::map<uint64_t, std::vector<uint8_t>>& to) {
+      if (buf.get() == nullptr) return;
+      std::vector<uint8_t> bytes(buf.bytes());
+      backend_.copy_to_host(bytes.data(), buf.get(), bytes.size());
+      to[kv.first] = std::move(bytes);
+    };
+    save(b.residual[b.current], s.residuals);
+    save(b.chunk_residual[b.current], s.chunk_residuals);
+  }
+  return s;
+}
+
+void CompressedAllreduce::release_bucket(uint64_t bucket_id) {
+  buckets_.erase(bucket_id);
+  pending_.residuals.erase(bucket_id);
+  pending_.chunk_residuals.erase(bucket_id);
+}
+
+void CompressedAllreduce::load_state(const CompressionState& s) {
+  GRADCOMP_CHECK(s.seed == config_.seed, "checkpoint seed "
+                                             << s.seed << " differs from the configured seed "
+                                             << config_.seed << " on rank " << comm_.rank());
+  step_ = s.step;
+  buckets_.clear();
+  pending_ = s;
+}
+
+}  // namespace gradcomp

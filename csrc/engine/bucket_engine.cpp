@@ -1,0 +1,293 @@
+// The bucket engine: step boundaries, the worker thread, stats, the release of buckets a front
+// end stopped using, and checkpoints.
+#include <chrono>
+
+#include "gradcomp/engine.h"
+
+namespace gradcomp {
+
+void ReductionStats::add(const ReductionStats& o) {
+  buckets += o.buckets;
+  bytes_sent += o.bytes_sent;
+  uncompressed_bytes += o.uncompressed_bytes;
+  codec_seconds += o.codec_seconds;
+  comm_seconds += o.comm_seconds;
+  nonfinite_buckets += o.nonfinite_buckets;
+}
+
+uint64_t bucket_identity(int64_t index, int64_t numel, DType dtype,
+                         const std::vector<std::vector<int64_t>>& param_shapes) {
+  // c10::ScalarType's codes for the three dtypes: identities were first computed from them, and
+  // checkpoints and random streams (Philox is keyed by the identity's low 32 bits) carry them.
+  const uint64_t dtype_tag = dtype == DType::kFloat32 ? 6 : (dtype == DType::kFloat16 ? 5 : 15);
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xFF;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(static_cast<uint64_t>(index));
+  mix(static_cast<uint64_t>(numel));
+  mix(dtype_tag);
+  for (const auto& shape : param_shapes) {
+    mix(shape.size());
+    for (int64_t d : shape) mix(static_cast<uint64_t>(d));
+  }
+  return h;
+}
+
+BucketEngine::BucketEngine(EngineOptions options) : options_(std::move(options)) {
+  if (options_.compress) options_.config.validate();
+  pending_.compression.seed = options_.config.seed;
+}
+
+BucketEngine::~BucketEngine() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+void BucketEngine::bind(Communicator& comm, Backend* backend) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  GRADCOMP_CHECK(comm_ == nullptr, "the bucket engine is already bound to a transport");
+  GRADCOMP_CHECK(backend != nullptr || !options_.compress,
+                 "a compressing bucket engine needs a backend");
+  if (options_.compress) {
+    allreduce_ = std::make_unique<CompressedAllreduce>(comm, *backend, options_.config);
+    allreduce_->load_state(pending_.compression);
+  }
+  comm_ = &comm;
+  backend_ = backend;
+  queued_ = backend != nullptr ? backend->is_cuda() : comm.device_memory();
+  if (!queued_) worker_ = std::thread([this] { worker_loop(); });
+}
+
+bool BucketEngine::bound() const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  return comm_ != nullptr;
+}
+
+std::function<void()> BucketEngine::wrapped(std::function<void()> task) const {
+  return options_.wrap_task ? options_.wrap_task(std::move(task)) : std::move(task);
+}
+
+void BucketEngine::submit(BucketRequest bucket, Done done) {
+  GRADCOMP_CHECK(done, "BucketEngine::submit needs a completion callback");
+  GRADCOMP_CHECK(bound(), "bucket " << bucket.index << " was submitted before bind()");
+  if (queued_) return reduce(bucket, std::move(done));
+  std::function<void()> task = wrapped(
+      [this, bucket = std::move(bucket), done = std::move(done)] { reduce_now(bucket, done); });
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    queue_.push_back(std::move(task));
+  }
+  queue_cv_.notify_one();
+}
+
+void BucketEngine::reduce(const BucketRequest& bucket, Done done) {
+  wrapped([&] { reduce_now(bucket, done); })();
+}
+
+void BucketEngine::worker_loop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    // A task reports its errors through its callback; one that escapes (a callback that threw)
+    // must not end the process.
+    try {
+      task();
+    } catch (...) {
+    }
+  }
+}
+
+void BucketEngine::reduce_now(const BucketRequest& bucket, Done done) {
+  Completions completions;
+  try {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    completions = reduce_locked(bucket, done);
+  } catch (...) {
+    if (!done) throw;
+    completions = {{done, std::current_exception()}};
+  }
+  // Outside the lock: a callback may hand the next bucket in.
+  for (auto& [callback, error] : completions) callback(error);
+}
+
+BucketEngine::Completions BucketEngine::reduce_locked(const BucketRequest& b, Done done) {
+  GRADCOMP_CHECK(comm_ != nullptr, "bucket " << b.index << " reached the engine before bind()");
+  if (b.index == 0 && started_) begin_step();
+  started_ = true;
+  if (!b.params.empty()) {
+    BucketLayout layout;
+    layout.index = b.index;
+    layout.dtype = b.dtype;
+    for (const ParamSlice& p : b.params) layout.params.emplace_back(p.param, p.numel);
+    layouts_[b.identity] = std::move(layout);
+  }
+
+  // The first step after load_state: a front end's first buckets can differ from the ones the
+  // checkpoint saved (DDP builds its first-iteration buckets in parameter order and rebuilds them
+  // in gradient order). Then this step's buckets are held back and, at the last one, the saved
+  // buckets are reduced as segment lists over them, exactly as the run that saved them would
+  // have; DDP waits for its futures only after handing over its last bucket.
+  if (!restored_.empty() && !restoring_ && held_.empty()) {
+    restoring_ = allreduce_ && !b.params.empty() && done && restored_.count(b.identity) == 0;
+    if (!restoring_) restored_.clear();
+  }
+  if (restoring_) {
+    GRADCOMP_CHECK(done, "bucket " << b.index << " has no completion callback, but the engine is "
+                                   << "holding this step's buckets to reduce the saved layouts");
+    held_.push_back(Held{b, std::move(done)});
+    if (!b.is_last) return {};
+    std::vector<Held> held = std::move(held_);
+    held_.clear();
+    restoring_ = false;
+    Completions completions;
+    std::exception_ptr error;
+    try {
+      reduce_restored_layouts(held);
+      end_step();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    restored_.clear();
+    for (Held& h : held) completions.emplace_back(std::move(h.done), error);
+    return completions;
+  }
+
+  if (allreduce_) {
+    reduce_segments({Segment{b.data, 0, b.numel}}, b.dtype, b.numel, b.identity);
+  } else {
+    const uint64_t sent0 = comm_->bytes_sent();
+    const double comm0 = comm_->seconds();
+    comm_->allreduce_mean(b.data, b.numel, b.dtype);
+    ReductionStats delta;
+    delta.buckets = 1;
+    delta.bytes_sent = comm_->bytes_sent() - sent0;
+    delta.uncompressed_bytes = ring_allreduce_bytes(b.numel, b.dtype, comm_->world_size());
+    delta.comm_seconds = comm_->seconds() - comm0;
+    step_stats_.add(delta);
+    total_.add(delta);
+  }
+  step_ids_.insert(b.identity);
+  if (b.is_last) end_step();
+  Completions completions;
+  if (done) completions.emplace_back(std::move(done), nullptr);
+  return completions;
+}
+
+void BucketEngine::begin_step() {
+  // A queued (CUDA) step reports its non-finite buckets and any rejected payload here without
+  // waiting: the report asked for at one step boundary is picked up at a later one, once the
+  // stream has passed it.
+  uint64_t nonfinite = 0;
+  if (allreduce_ && queued_ && allreduce_->poll(&nonfinite)) {
+    step_stats_.nonfinite_buckets += nonfinite;
+    total_.nonfinite_buckets += nonfinite;
+  }
+  if (allreduce_) allreduce_->advance_step();
+  last_step_ = step_stats_;
+  step_stats_ = ReductionStats{};
+}
+
+void BucketEngine::reduce_segments(const std::vector<Segment>& segments, DType dtype, int64_t numel,
+                                   uint64_t identity) {
+  const uint64_t sent0 = comm_->bytes_sent();
+  const double comm0 = comm_->seconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n = static_cast<int>(segments.size());
+  bool finite = true;
+  if (queued_) {
+    allreduce_->enqueue_allreduce(segments.data(), n, dtype, identity);
+  } else {
+    finite = allreduce_->allreduce(segments.data(), n, dtype, identity);
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ReductionStats delta;
+  delta.buckets = 1;
+  delta.bytes_sent = comm_->bytes_sent() - sent0;
+  delta.uncompressed_bytes = ring_allreduce_bytes(numel, dtype, comm_->world_size());
+  delta.comm_seconds = comm_->seconds() - comm0;
+  delta.codec_seconds = total - delta.comm_seconds;
+  delta.nonfinite_buckets = finite ? 0 : 1;
+  step_stats_.add(delta);
+  total_.add(delta);
+}
+
+void BucketEngine::end_step() {
+  // A front end that rebuilds its buckets (DDP after its first iteration) would otherwise leave
+  // the old buckets' buffers and stale residuals behind, and a checkpoint would carry them.
+  if (allreduce_ && !last_step_ids_.empty() && step_ids_ != last_step_ids_) {
+    for (uint64_t id : last_step_ids_) {
+      if (step_ids_.count(id) == 0) {
+        allreduce_->release_bucket(id);
+        layouts_.erase(id);
+      }
+    }
+  }
+  last_step_ids_ = std::move(step_ids_);
+  step_ids_.clear();
+}
+
+ReductionStats BucketEngine::last_step_stats() const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  return step_stats_.buckets > 0 ? step_stats_ : last_step_;
+}
+
+ReductionStats BucketEngine::total_stats() const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  return total_;
+}
+
+bool BucketEngine::started() const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  return started_;
+}
+
+EngineState BucketEngine::state() const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  EngineState s;
+  s.compression = allreduce_ ? allreduce_->state() : pending_.compression;
+  s.started = started_;
+  // The layouts a restart needs: those of buckets with residuals, including restored ones no
+  // step has used yet.
+  for (const auto* layouts : {&restored_, &layouts_}) {
+    for (const auto& [id, layout] : *layouts) {
+      if (s.compression.residuals.count(id) != 0) s.layouts[id] = layout;
+    }
+  }
+  return s;
+}
+
+void BucketEngine::load_state(EngineState s) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  GRADCOMP_CHECK(s.compression.seed == options_.config.seed,
+                 "checkpoint seed " << s.compression.seed << " differs from the configured seed "
+                                    << options_.config.seed);
+  GRADCOMP_CHECK(!restoring_ && held_.empty(),
+                 "load_state while the engine holds a step's buckets (call it between steps)");
+  restored_.clear();
+  for (auto& [id, layout] : s.layouts) {
+    if (!layout.params.empty() && s.compression.residuals.count(id) != 0)
+      restored_.emplace(id, std::move(layout));
+  }
+  started_ = s.started;
+  if (allreduce_) {
+    allreduce_->load_state(s.compression);
+  } else {
+    pending_.compression = std::move(s.compression);
+  }
+}
+
+}  // namespace gradcomp

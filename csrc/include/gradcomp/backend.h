@@ -1,0 +1,55 @@
+// Where codec work runs: the Backend interface, implemented by the CPU and the CUDA backend.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "gradcomp/types.h"
+
+namespace gradcomp {
+
+// Runs the codecs on one kind of memory. Pointers handed to a backend are host pointers for
+// segment tables and payload pointer arrays; data pointers are memory of the backend's kind.
+// Both backends check every params struct with the same rules (params_problem, the segment
+// table, a top-k workspace), so they refuse the same inputs with the same message.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual bool is_cuda() const = 0;
+  virtual void* allocate(size_t bytes) = 0;
+  // Never throws (buffers release in destructors); the CUDA backend reports a failure at its
+  // next status call.
+  virtual void release(void* p) noexcept = 0;
+  virtual void fill_zero(void* p, size_t bytes) = 0;
+  virtual void copy_to_host(void* host, const void* src, size_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* host, size_t bytes) = 0;
+  virtual void q4_encode(const Q4EncodeParams& p) = 0;
+  virtual void q4_decode(const Q4DecodeParams& p) = 0;
+  virtual void topk_encode(const TopKEncodeParams& p) = 0;
+  virtual void topk_decode(const TopKDecodeParams& p) = 0;
+  // The top-k workspace a bucket of numel elements needs: the memory TopKEncodeParams::workspace
+  // and TopKDecodeParams::workspace point to (one buffer serves both).
+  virtual size_t topk_workspace_bytes(int64_t numel) const = 0;
+  // Waits for the backend's queued work (nothing to wait for on the CPU). Throws Error if a
+  // decode rejected a payload since the last check; reports and clears whether a decode
+  // produced non-finite values.
+  virtual bool take_decode_status() = 0;
+  // Ends one bucket's reduction in stream order, without waiting: when a decode since the last
+  // end_bucket() produced non-finite values, copies each pair's committed residual over its
+  // candidate (so the caller adopts the candidates either way) and counts the bucket as
+  // non-finite. Clears the non-finite flag. At most EndBucketParams::kMaxPairs pairs.
+  virtual void end_bucket(const ResidualPair* pairs, int count) = 0;
+  // Waits for the backend's queued work; throws Error if a decode rejected a payload since the
+  // last check; returns and clears the number of non-finite buckets end_bucket() counted.
+  virtual uint64_t take_nonfinite_buckets() = 0;
+  // The same report without waiting: returns false when it is not ready yet. On CUDA the first
+  // call queues a copy of the status words and later calls pick it up once the stream has
+  // passed it; buckets queued after that copy are reported by a later poll.
+  virtual bool poll_nonfinite_buckets(uint64_t* count) = 0;
+};
+
+// The CPU backend: the reference codecs (gradcomp/cpu.h) behind the Backend interface.
+std::unique_ptr<Backend> make_cpu_backend(int num_threads = 1);
+
+}  // namespace gradcomp

@@ -1,0 +1,50 @@
+// The transport the collectives are written against: all-to-all, allgather, a plain allreduce.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gradcomp/types.h"
+
+namespace gradcomp {
+
+// Bytes one rank sends in a ring allreduce of numel elements of dtype: what gradcomp's traffic is
+// compared against, and what the uncompressed path is counted as.
+uint64_t ring_allreduce_bytes(int64_t numel, DType dtype, int world);
+
+// Buffers are host memory or device memory as device_memory() says; every rank calls each
+// collective with equal sizes. The public calls count bytes and time; transports implement the
+// protected run_* ones.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual bool device_memory() const = 0;
+
+  // recv[w] (bytes_per_rank bytes) receives send[rank()] of rank w.
+  void all_to_all(const void* send, void* recv, size_t bytes_per_rank);
+  // recv[w] receives rank w's send.
+  void all_gather(const void* send, void* recv, size_t bytes_per_rank);
+  // Averages numel elements in place over the ranks: the uncompressed path. How the mean rounds
+  // is the transport's (the c10d one scales by 1/W and sums, as DDP without a hook does).
+  void allreduce_mean(void* data, int64_t numel, DType dtype);
+
+  // Bytes this rank has put on the wire (its own slot is not counted; a plain allreduce counts
+  // as ring_allreduce_bytes).
+  uint64_t bytes_sent() const { return bytes_sent_; }
+  // Host seconds spent in the calls above; on a transport that only queues work on a stream,
+  // the time to queue it.
+  double seconds() const { return seconds_; }
+
+ protected:
+  virtual void run_all_to_all(const void* send, void* recv, size_t bytes_per_rank) = 0;
+  virtual void run_all_gather(const void* send, void* recv, size_t bytes_per_rank) = 0;
+  virtual void run_allreduce_mean(void* data, int64_t numel, DType dtype) = 0;
+
+ private:
+  uint64_t bytes_sent_ = 0;
+  double seconds_ = 0;
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,158 @@
+// The per-step bucket engine every front end drives (the DDP hook, GradSync): steps, scheduling,
+// bucket layouts and their remapping after a restart, residual lifecycle, stats, checkpoints.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "gradcomp/collectives.h"
+
+namespace gradcomp {
+
+// Where one parameter's gradient lies in a bucket: its position among the model's parameters,
+// and its element offset and count in the bucket.
+struct ParamSlice {
+  int64_t param = 0;
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
+// A bucket's parameters in order, as a checkpoint records them.
+struct BucketLayout {
+  int64_t index = 0;
+  DType dtype = DType::kFloat32;
+  std::vector<std::pair<int64_t, int64_t>> params;  // (parameter position, numel)
+};
+
+// One bucket of the current step, handed to the engine by a front end.
+struct BucketRequest {
+  void* data = nullptr;  // numel contiguous elements of dtype, in the backend's memory
+  int64_t numel = 0;
+  DType dtype = DType::kFloat32;
+  int64_t index = 0;  // position in the step: buckets come in index order, 0 starts a step
+  uint64_t identity = 0;
+  bool is_last = false;
+  std::vector<ParamSlice> params;  // empty when the front end does not know the parameters
+};
+
+// Counters for one step or for a whole run.
+struct ReductionStats {
+  uint64_t buckets = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t uncompressed_bytes = 0;  // what a ring allreduce of the bucket dtype would send
+  double codec_seconds = 0;         // encode + decode: the time outside the collectives
+  double comm_seconds = 0;
+  uint64_t nonfinite_buckets = 0;
+  void add(const ReductionStats& other);
+};
+
+// What a rank checkpoints for a bit-identical resume.
+struct EngineState {
+  CompressionState compression;
+  bool started = false;                      // a step has run (the next bucket 0 starts another)
+  std::map<uint64_t, BucketLayout> layouts;  // buckets with residuals, by identity
+};
+
+struct EngineOptions {
+  bool compress = true;  // false: a plain averaging allreduce through the same path (A/B runs)
+  CompressionConfig config;
+  // Called on the thread that hands a bucket in; returns what the reducing thread runs. A front
+  // end carries its thread context this way (the torch layer: the profiler's state and a range).
+  std::function<std::function<void()>(std::function<void()>)> wrap_task;
+};
+
+// A bucket identity that is the same on every rank and across restarts: the bucket's position,
+// size, dtype and its parameters' shapes.
+uint64_t bucket_identity(int64_t index, int64_t numel, DType dtype,
+                         const std::vector<std::vector<int64_t>>& param_shapes);
+
+// Averages a step's buckets over the ranks, one at a time in index order. On host memory the
+// reductions run on a worker thread of the engine, so the thread handing buckets in (autograd)
+// never waits for them; on a CUDA backend they are queued in stream order on the calling thread
+// and nothing waits for the device.
+class BucketEngine {
+ public:
+  // Runs once per bucket, on the thread that reduced it: null, or the error that stopped it.
+  using Done = std::function<void(std::exception_ptr)>;
+
+  explicit BucketEngine(EngineOptions options);
+  // Finishes the buckets already queued, then stops the worker.
+  ~BucketEngine();
+  BucketEngine(const BucketEngine&) = delete;
+  BucketEngine& operator=(const BucketEngine&) = delete;
+
+  // The transport and backend, once, before the first bucket (front ends learn the device from
+  // it). `backend` may be null when options.compress is false.
+  void bind(Communicator& comm, Backend* backend);
+  bool bound() const;
+
+  // Queues a bucket for the worker thread (host memory) or reduces it at once (CUDA); `done`
+  // runs once it is averaged in place (CUDA: queued in stream order).
+  void submit(BucketRequest bucket, Done done);
+  // Reduces a bucket on the calling thread. Without `done` errors are thrown and the bucket is
+  // averaged on return. With `done` the bucket may be held back until the step's last bucket
+  // (the first step after load_state, when the buckets differ from the checkpoint's) and `done`
+  // reports its end, errors included.
+  void reduce(const BucketRequest& bucket, Done done = {});
+
+  ReductionStats last_step_stats() const;  // the step in progress, or the last one
+  ReductionStats total_stats() const;
+  EngineState state() const;
+  // Replaces the state; the next step reduces the saved bucket layouts when its buckets differ.
+  void load_state(EngineState state);
+  bool started() const;
+
+ private:
+  struct Held {
+    BucketRequest bucket;
+    Done done;
+  };
+  using Completions = std::vector<std::pair<Done, std::exception_ptr>>;
+
+  void reduce_now(const BucketRequest& bucket, Done done);
+  // Returns the buckets whose `done` must run once the lock is released.
+  Completions reduce_locked(const BucketRequest& bucket, Done done);
+  void begin_step();
+  void reduce_segments(const std::vector<Segment>& segments, DType dtype, int64_t numel,
+                       uint64_t identity);
+  void reduce_restored_layouts(const std::vector<Held>& held);
+  void end_step();
+  void worker_loop();
+  std::function<void()> wrapped(std::function<void()> task) const;
+
+  EngineOptions options_;
+  Communicator* comm_ = nullptr;
+  Backend* backend_ = nullptr;
+  bool queued_ = false;  // CUDA: reductions are queued in stream order on the calling thread
+  std::unique_ptr<CompressedAllreduce> allreduce_;
+
+  mutable std::mutex state_mu_;  // everything below up to the queue
+  EngineState pending_;          // loaded before bind()
+  bool started_ = false;
+  ReductionStats step_stats_, last_step_, total_;
+  // Bucket identities of the step in progress and of the last complete one: when they differ
+  // (the front end rebuilt its buckets), the buckets no longer used are released.
+  std::set<uint64_t> step_ids_, last_step_ids_;
+  std::map<uint64_t, BucketLayout> layouts_;   // buckets in use, by identity
+  std::map<uint64_t, BucketLayout> restored_;  // from load_state, until the next step starts
+  bool restoring_ = false;                     // this step's buckets are held back
+  std::vector<Held> held_;
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,83 @@
+// Float operations in IEEE round-to-nearest that neither compiler may contract, and bit views.
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define GRADCOMP_HD __host__ __device__ __forceinline__
+#else
+#define GRADCOMP_HD inline
+#endif
+
+namespace gradcomp {
+namespace math {
+
+// Every float operation of the element math goes through these helpers so that neither nvcc nor
+// the host compiler can contract a multiply and an add into an FMA: contraction would change the
+// bytes.
+GRADCOMP_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+GRADCOMP_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+GRADCOMP_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+GRADCOMP_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+GRADCOMP_HD uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  union {
+    float f;
+    uint32_t u;
+  } v;
+  v.f = f;
+  return v.u;
+#endif
+}
+GRADCOMP_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  union {
+    float f;
+    uint32_t u;
+  } v;
+  v.u = u;
+  return v.f;
+#endif
+}
+
+GRADCOMP_HD bool is_finite_bits(uint32_t bits) {
+  return (bits & 0x7F800000u) != 0x7F800000u;
+}
+
+// |x| as bits: as integers these order finite values by magnitude, then Inf, then NaN.
+GRADCOMP_HD uint32_t abs_bits(float x) {
+  return float_bits(x) & 0x7FFFFFFFu;
+}
+
+}  // namespace math
+}  // namespace gradcomp

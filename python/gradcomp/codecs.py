@@ -1,0 +1,120 @@
+"""Codec specs (``Q4``, ``TopK``, ``NoCompression``) and standalone ``compress`` / ``decompress``."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from . import _C  # registers torch.ops.gradcomp.*
+
+__all__ = ["Q4", "TopK", "NoCompression", "compress", "decompress"]
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(message)
+
+
+def _dtype_name(dtype: torch.dtype, what: str, allowed=tuple(_DTYPE_NAMES)) -> str:
+    _check(dtype in allowed, f"{what} must be one of {[str(d) for d in allowed]}, got {dtype!r}")
+    return _DTYPE_NAMES[dtype]
+
+
+def _check_seed(seed: int) -> None:
+    _check(isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**64,
+           f"seed must be an int in [0, 2**64), got {seed!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Q4:
+    """4-bit block quantization: one fp32 step per ``block_size`` elements, codes in [-7, 7].
+
+    ``rounding``: "stochastic" (unbiased, default) or "nearest". ``algorithm``: "two_phase"
+    (all-to-all then allgather; traffic independent of world size) or "one_phase" (allgather).
+    ``error_feedback`` keeps what was dropped and adds it to the next step's gradient;
+    ``residual_dtype`` is torch.float32 or torch.bfloat16.
+    """
+
+    block_size: int = 64
+    rounding: str = "stochastic"
+    algorithm: str = "two_phase"
+    error_feedback: bool = True
+    residual_dtype: torch.dtype = torch.float32
+    seed: int = 0
+
+    def __post_init__(self):
+        sizes = _C.q4_block_sizes
+        _check(isinstance(self.block_size, int) and not isinstance(self.block_size, bool)
+               and self.block_size in sizes,
+               f"Q4 block_size must be one of {', '.join(map(str, sizes))}, got {self.block_size!r}")
+        _check(self.rounding in ("stochastic", "nearest"),
+               f"Q4 rounding must be 'stochastic' or 'nearest', got {self.rounding!r}")
+        _check(self.algorithm in ("two_phase", "one_phase"),
+               f"Q4 algorithm must be 'two_phase' or 'one_phase', got {self.algorithm!r}")
+        _check(isinstance(self.error_feedback, bool), "Q4 error_feedback must be a bool")
+        _dtype_name(self.residual_dtype, "Q4 residual_dtype", (torch.float32, torch.bfloat16))
+        _check_seed(self.seed)
+
+    def _options(self) -> dict:
+        return {"codec": "q4", "block_size": self.block_size, "rounding": self.rounding,
+                "algorithm": self.algorithm, "error_feedback": self.error_feedback,
+                "residual_dtype": _DTYPE_NAMES[self.residual_dtype], "seed": self.seed}
+
+
+@dataclasses.dataclass(frozen=True)
+class TopK:
+    """Top-k sparsification: the ``ceil(ratio * N)`` largest magnitudes of each bucket.
+
+    ``exact=True`` selects exactly k (ties to the lower index); ``exact=False`` uses a threshold
+    estimated from a sample and one pass. ``value_dtype``: torch.float32, float16 or bfloat16.
+    """
+
+    ratio: float = 0.01
+    exact: bool = True
+    error_feedback: bool = True
+    value_dtype: torch.dtype = torch.float32
+    residual_dtype: torch.dtype = torch.float32
+    seed: int = 0
+
+    def __post_init__(self):
+        _check(isinstance(self.ratio, (int, float)) and not isinstance(self.ratio, bool)
+               and 0.0 < float(self.ratio) <= 1.0, f"TopK ratio must be in (0, 1], got {self.ratio!r}")
+        _check(isinstance(self.exact, bool), "TopK exact must be a bool")
+        _check(isinstance(self.error_feedback, bool), "TopK error_feedback must be a bool")
+        _dtype_name(self.value_dtype, "TopK value_dtype")
+        _dtype_name(self.residual_dtype, "TopK residual_dtype", (torch.float32, torch.bfloat16))
+        _check_seed(self.seed)
+
+    def _options(self) -> dict:
+        return {"codec": "topk", "ratio": float(self.ratio), "exact": self.exact,
+                "error_feedback": self.error_feedback, "value_dtype": _DTYPE_NAMES[self.value_dtype],
+                "residual_dtype": _DTYPE_NAMES[self.residual_dtype], "seed": self.seed}
+
+
+@dataclasses.dataclass(frozen=True)
+class NoCompression:
+    """Plain allreduce through gradcomp's hook path, for A/B comparisons."""
+
+    def _options(self) -> dict:
+        return {"codec": "none", "error_feedback": False, "residual_dtype": "float32", "seed": 0}
+
+
+def compress(tensor: torch.Tensor, codec=None, *, step: int = 0) -> torch.Tensor:
+    """Encodes ``tensor`` (float32/float16/bfloat16, CPU or CUDA) into a uint8 payload tensor."""
+    codec = Q4() if codec is None else codec
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"compress expects a torch.Tensor, got {type(tensor).__name__}")
+    if isinstance(codec, Q4):
+        return torch.ops.gradcomp.q4_compress(tensor.reshape(-1), codec.block_size,
+                                              codec.rounding == "stochastic", codec.seed, step)
+    if isinstance(codec, TopK):
+        return torch.ops.gradcomp.topk_compress(tensor.reshape(-1), float(codec.ratio), codec.exact,
+                                                codec.value_dtype)
+    raise ValueError(f"compress needs a Q4 or TopK codec, got {codec!r}")
+
+
+def decompress(payload: torch.Tensor) -> torch.Tensor:
+    """Decodes a payload from ``compress`` into a flat tensor of the original dtype."""
+    return torch.ops.gradcomp.decompress(payload)

@@ -1,0 +1,396 @@
+// Compressed collectives with in-process ranks: equality with a decode-and-sum reference,
+// bytes on the wire, layout checks, non-finite steps and checkpoint round trips.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <exception>
+#include <functional>
+#include <thread>
+
+#include "gradcomp/collectives.h"
+#include "gradcomp/inprocess_group.h"
+#include "test_util.h"
+
+namespace gradcomp {
+namespace {
+
+using testing::HostTensor;
+
+// Runs fn(rank, communicator) on one thread per rank; rethrows the first failure.
+void run_ranks(InProcessGroup& group, const std::function<void(int, Communicator&)>& fn,
+               std::vector<std::string>* errors = nullptr) {
+  const int world = group.world_size();
+  std::vector<std::exception_ptr> failures(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(r, group.communicator(r));
+      } catch (...) {
+        failures[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    if (!failures[r]) continue;
+    if (errors == nullptr) std::rethrow_exception(failures[r]);
+    try {
+      std::rethrow_exception(failures[r]);
+    } catch (const std::exception& e) {
+      errors->push_back(e.what());
+    }
+  }
+}
+
+struct Variant {
+  const char* name;
+  CompressionConfig config;
+};
+
+std::vector<Variant> variants() {
+  std::vector<Variant> v;
+  CompressionConfig c;
+  c.seed = 1234;
+  v.push_back({"q4_two_phase", c});
+  c.q4_algorithm = Q4Algorithm::kOnePhase;
+  v.push_back({"q4_one_phase", c});
+  c = CompressionConfig{};
+  c.codec = Codec::kTopK;
+  c.topk.ratio = 0.05;
+  c.seed = 1234;
+  v.push_back({"topk_exact", c});
+  c.topk.exact = false;
+  v.push_back({"topk_approx", c});
+  return v;
+}
+
+// An independent decode-and-sum reference of each algorithm, built from the codec calls, keeping
+// every rank's residuals itself.
+class Reference {
+ public:
+  Reference(const CompressionConfig& c, int world, int64_t n) : c_(c), world_(world), n_(n) {
+    res1_.assign(world, std::vector<float>(n, 0.0f));
+    const int B = c.q4.block_size;
+    chunk_ = std::max<int64_t>(B, ((n + world - 1) / world + B - 1) / B * B);
+    res2_.assign(world, std::vector<float>(chunk_, 0.0f));
+  }
+
+  std::vector<float> step(std::vector<HostTensor>& x, uint32_t step, uint32_t bucket) {
+    if (c_.codec == Codec::kTopK) return topk(x);
+    if (c_.q4_algorithm == Q4Algorithm::kOnePhase) return one_phase(x, step, bucket);
+    return two_phase(x, step, bucket);
+  }
+
+ private:
+  int64_t cn(int c) const {
+    return std::max<int64_t>(0, std::min(n_, (c + 1) * chunk_) - c * chunk_);
+  }
+
+  std::vector<uint8_t> encode(Segment seg, int64_t begin, int64_t numel, std::vector<float>& res,
+                              math::RngKey key) {
+    std::vector<uint8_t> out(q4_payload_bytes(numel, c_.q4.block_size));
+    std::vector<float> next(res.size());
+    Q4EncodeParams p;
+    p.segments = &seg;
+    p.num_segments = 1;
+    p.dtype = math::kDtypeF32;
+    p.begin = begin;
+    p.numel = numel;
+    p.residual_in = res.data();
+    p.residual_out = next.data();
+    p.block_size = c_.q4.block_size;
+    p.rng = key;
+    p.payload = out.data();
+    cpu::q4_encode(p);
+    res = next;
+    return out;
+  }
+
+  void decode(const std::vector<const uint8_t*>& ptrs, uint64_t bytes, int64_t numel, float* out,
+              int64_t begin, float divisor) {
+    Segment seg{out, begin, numel};
+    Q4DecodeParams d;
+    d.payloads = ptrs.data();
+    d.num_payloads = static_cast<int>(ptrs.size());
+    d.payload_bytes = bytes;
+    d.numel = numel;
+    d.block_size = c_.q4.block_size;
+    d.segments = &seg;
+    d.num_segments = 1;
+    d.begin = begin;
+    d.divisor = divisor;
+    cpu::q4_decode(d);
+  }
+
+  std::vector<float> two_phase(std::vector<HostTensor>& x, uint32_t step, uint32_t bucket) {
+    std::vector<std::vector<std::vector<uint8_t>>> p1(world_);
+    for (int w = 0; w < world_; ++w) {
+      for (int c = 0; c < world_; ++c) {
+        std::vector<float> r(res1_[w].begin() + c * chunk_, res1_[w].begin() + c * chunk_ + cn(c));
+        p1[w].push_back(
+            encode(x[w].segment(), c * chunk_, cn(c), r, {c_.seed, step, bucket, (uint32_t)w, 0}));
+        std::copy(r.begin(), r.end(), res1_[w].begin() + c * chunk_);
+      }
+    }
+    std::vector<float> result(n_);
+    for (int c = 0; c < world_; ++c) {
+      std::vector<const uint8_t*> ptrs;
+      for (int w = 0; w < world_; ++w) ptrs.push_back(p1[w][c].data());
+      std::vector<float> sum(chunk_);
+      decode(ptrs, p1[0][c].size(), cn(c), sum.data(), c * chunk_, 1.0f);
+      std::vector<float> r(res2_[c].begin(), res2_[c].begin() + cn(c));
+      auto p2 = encode(Segment{sum.data(), c * chunk_, chunk_}, c * chunk_, cn(c), r,
+                       {c_.seed, step, bucket, (uint32_t)c, 1});
+      std::copy(r.begin(), r.end(), res2_[c].begin());
+      decode({p2.data()}, p2.size(), cn(c), result.data() + c * chunk_, c * chunk_, float(world_));
+    }
+    return result;
+  }
+
+  std::vector<float> one_phase(std::vector<HostTensor>& x, uint32_t step, uint32_t bucket) {
+    std::vector<std::vector<uint8_t>> p(world_);
+    std::vector<const uint8_t*> ptrs;
+    for (int w = 0; w < world_; ++w) {
+      p[w] = encode(x[w].segment(), 0, n_, res1_[w], {c_.seed, step, bucket, (uint32_t)w, 0});
+      ptrs.push_back(p[w].data());
+    }
+    std::vector<float> result(n_);
+    decode(ptrs, p[0].size(), n_, result.data(), 0, float(world_));
+    return result;
+  }
+
+  std::vector<float> topk(std::vector<HostTensor>& x) {
+    const int64_t k = topk_k(n_, c_.topk.ratio), cap = topk_capacity(n_, c_.topk);
+    std::vector<testing::TopKEncoded> enc;
+    std::vector<const uint8_t*> ptrs;
+    for (int w = 0; w < world_; ++w) {
+      enc.push_back(
+          testing::topk_encode_tensor(x[w], k, cap, c_.topk.exact, c_.topk.value_dtype, res1_[w]));
+      res1_[w] = enc.back().residual;
+    }
+    for (auto& e : enc) ptrs.push_back(e.payload.data());
+    HostTensor out(DType::kFloat32, n_);
+    Segment seg = out.segment();
+    cpu::topk_decode(testing::topk_decode_params(ptrs, enc[0].payload.size(), n_, cap,
+                                                 c_.topk.value_dtype, &seg, DType::kFloat32,
+                                                 float(world_)));
+    return out.floats();
+  }
+
+  CompressionConfig c_;
+  int world_;
+  int64_t n_, chunk_;
+  std::vector<std::vector<float>> res1_, res2_;
+};
+
+class CollectiveEquality : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(CollectiveEquality, MatchesTheDecodeAndSumReferenceAndTheByteFormula) {
+  const int world = std::get<0>(GetParam());
+  const Variant v = variants()[std::get<1>(GetParam())];
+  for (int64_t n : {1, 1000, 4099}) {
+    InProcessGroup group(world);
+    Reference ref(v.config, world, n);
+    std::vector<std::vector<float>> results(world);
+    std::vector<uint64_t> sent(world);
+    auto backend = make_cpu_backend();
+    std::vector<std::unique_ptr<Backend>> backends;
+    for (int r = 0; r < world; ++r) backends.push_back(make_cpu_backend());
+    std::vector<std::unique_ptr<CompressedAllreduce>> engines(world);
+    for (uint32_t step = 0; step < 3; ++step) {
+      std::vector<HostTensor> inputs;
+      for (int r = 0; r < world; ++r)
+        inputs.push_back(
+            HostTensor::from_floats(DType::kFloat32, testing::normal_floats(n, 1000 * step + r)));
+      std::vector<float> expect = ref.step(inputs, step, 7);
+      run_ranks(group, [&](int rank, Communicator& comm) {
+        if (!engines[rank])
+          engines[rank] = std::make_unique<CompressedAllreduce>(comm, *backends[rank], v.config);
+        engines[rank]->set_step(step);
+        HostTensor x = inputs[rank];
+        Segment seg = x.segment();
+        const uint64_t before = comm.bytes_sent();
+        ASSERT_TRUE(engines[rank]->allreduce(&seg, 1, DType::kFloat32, 7));
+        sent[rank] = comm.bytes_sent() - before;
+        results[rank] = x.floats();
+      });
+      for (int r = 0; r < world; ++r) {
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_TRUE(testing::same_bits(results[r][i], expect[i]))
+              << v.name << " W=" << world << " n=" << n << " step " << step << " rank " << r
+              << " element " << i << ": " << results[r][i] << " vs " << expect[i];
+        if (step > 0)
+          EXPECT_EQ(sent[r], compressed_allreduce_bytes_sent(v.config, n, world)) << v.name;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, CollectiveEquality,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 8),
+                                            ::testing::Range(0, 4)));
+
+TEST(Collectives, BytesFormulaIsAboutAnEighthOfFp32AtAnyWorldSize) {
+  CompressionConfig c;
+  const int64_t n = 25 * 1000 * 1000;
+  for (int world : {2, 4, 8, 64}) {
+    const double ring_fp32 = 2.0 * (world - 1) / world * n * 4;
+    const double ratio = compressed_allreduce_bytes_sent(c, n, world) / ring_fp32;
+    EXPECT_GT(ratio, 0.12);
+    EXPECT_LT(ratio, 0.145) << world;  // 4.5 bits of 32 with block 64
+  }
+  const int64_t big = (int64_t{1} << 31) + 3;
+  const int64_t chunk = ((big + 3) / 4 + 63) / 64 * 64;
+  EXPECT_EQ(compressed_allreduce_bytes_sent(c, big, 4), 2 * 3 * q4_payload_bytes(chunk, 64));
+}
+
+TEST(Collectives, LayoutMismatchNamesTheRanksInsteadOfHanging) {
+  InProcessGroup group(3, 5.0);
+  std::vector<std::string> errors;
+  const auto start = std::chrono::steady_clock::now();
+  run_ranks(
+      group,
+      [&](int rank, Communicator& comm) {
+        auto backend = make_cpu_backend();
+        CompressedAllreduce engine(comm, *backend, CompressionConfig{});
+        HostTensor x(DType::kFloat32, rank == 2 ? 1064 : 1000);
+        Segment seg = x.segment();
+        engine.allreduce(&seg, 1, DType::kFloat32, 0);
+      },
+      &errors);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  ASSERT_EQ(errors.size(), 3u);
+  for (auto& e : errors) {
+    EXPECT_NE(e.find("layout mismatch"), std::string::npos) << e;
+    EXPECT_NE(e.find("rank 2 has bucket 0 with 1064 elements"), std::string::npos) << e;
+  }
+}
+
+TEST(Collectives, NonFiniteOnOneRankReachesEveryRankAndKeepsResiduals) {
+  for (const Variant& v : variants()) {
+    InProcessGroup group(2);
+    std::vector<int> finite(2);
+    std::vector<bool> any_nonfinite(2);
+    std::vector<bool> state_kept(2);
+    run_ranks(group, [&](int rank, Communicator& comm) {
+      auto backend = make_cpu_backend();
+      CompressedAllreduce engine(comm, *backend, v.config);
+      HostTensor x = HostTensor::from_floats(DType::kFloat32, testing::normal_floats(500, rank));
+      Segment seg = x.segment();
+      ASSERT_TRUE(engine.allreduce(&seg, 1, DType::kFloat32, 3));
+      const CompressionState before = engine.state();
+      engine.advance_step();
+      x = HostTensor::from_floats(DType::kFloat32, testing::normal_floats(500, 10 + rank));
+      if (rank == 1) x.set(123, std::nanf(""));
+      seg = x.segment();
+      finite[rank] = engine.allreduce(&seg, 1, DType::kFloat32, 3);
+      bool bad = false;
+      for (float f : x.floats()) bad |= !std::isfinite(f);
+      any_nonfinite[rank] = bad;
+      const CompressionState after = engine.state();
+      state_kept[rank] =
+          after.residuals == before.residuals && after.chunk_residuals == before.chunk_residuals;
+    });
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_FALSE(finite[r]) << v.name << " rank " << r;
+      EXPECT_TRUE(any_nonfinite[r]) << v.name << " rank " << r;
+      EXPECT_TRUE(state_kept[r]) << v.name << " rank " << r;
+    }
+  }
+}
+
+// The queued API (what the DDP hook uses on CUDA) gives the same bytes and residuals as
+// allreduce(), counts the non-finite buckets, and reports them through synchronize() or poll().
+TEST(Collectives, QueuedReductionsEqualAllreduceAndCountNonFiniteBuckets) {
+  for (const Variant& v : variants()) {
+    InProcessGroup group(2);
+    std::vector<bool> same(2, false);
+    std::vector<uint64_t> counted(2, 0), polled(2, 0);
+    run_ranks(group, [&](int rank, Communicator& comm) {
+      auto backend_a = make_cpu_backend(), backend_b = make_cpu_backend();
+      CompressedAllreduce direct(comm, *backend_a, v.config);
+      CompressedAllreduce queued(comm, *backend_b, v.config);
+      bool equal = true;
+      for (uint32_t step = 0; step < 4; ++step) {
+        for (uint64_t bucket = 0; bucket < 2; ++bucket) {
+          auto values = testing::normal_floats(600, 10 * step + 3 * rank + bucket);
+          if (step == 1 && bucket == 1 && rank == 0) values[5] = INFINITY;
+          if (step == 2 && rank == 1) values[9] = std::nanf("");
+          HostTensor x = HostTensor::from_floats(DType::kFloat32, values), y = x;
+          Segment sx = x.segment(), sy = y.segment();
+          direct.allreduce(&sx, 1, DType::kFloat32, bucket);
+          queued.enqueue_allreduce(&sy, 1, DType::kFloat32, bucket);
+          equal &= x.bytes == y.bytes;
+        }
+        direct.advance_step();
+        queued.advance_step();
+        if (step == 1) {
+          ASSERT_TRUE(queued.poll(&polled[rank]));  // the CPU backend is never behind
+        }
+      }
+      counted[rank] = queued.synchronize();
+      const CompressionState a = direct.state(), b = queued.state();
+      same[rank] = equal && a.residuals == b.residuals && a.chunk_residuals == b.chunk_residuals;
+    });
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(same[r]) << v.name << " rank " << r;
+      EXPECT_EQ(polled[r], 1u) << v.name << " rank " << r << ": step 1 had one non-finite bucket";
+      EXPECT_EQ(counted[r], 2u) << v.name << " rank " << r << ": step 2 had two";
+    }
+  }
+}
+
+TEST(Collectives, CheckpointResumeIsBitIdentical) {
+  for (const Variant& v : variants()) {
+    const int world = 3;
+    InProcessGroup group(world);
+    std::vector<std::vector<float>> uninterrupted(world), resumed(world);
+    auto input = [](int rank, uint32_t step) {
+      return HostTensor::from_floats(DType::kBFloat16,
+                                     testing::normal_floats(700, 100 * step + rank));
+    };
+    run_ranks(group, [&](int rank, Communicator& comm) {
+      auto backend = make_cpu_backend();
+      CompressedAllreduce a(comm, *backend, v.config);
+      CompressionState saved;
+      for (uint32_t step = 0; step < 5; ++step) {
+        if (step == 3) saved = a.state();
+        HostTensor x = input(rank, step);
+        Segment seg = x.segment();
+        a.allreduce(&seg, 1, DType::kBFloat16, 11);
+        a.advance_step();
+        if (step == 4) uninterrupted[rank] = x.floats();
+      }
+      CompressedAllreduce b(comm, *backend, v.config);
+      b.load_state(saved);
+      for (uint32_t step = 3; step < 5; ++step) {
+        HostTensor x = input(rank, step);
+        Segment seg = x.segment();
+        b.allreduce(&seg, 1, DType::kBFloat16, 11);
+        b.advance_step();
+        if (step == 4) resumed[rank] = x.floats();
+      }
+      EXPECT_EQ(b.step(), 5u);
+    });
+    for (int r = 0; r < world; ++r)
+      EXPECT_EQ(uninterrupted[r], resumed[r]) << v.name << " rank " << r;
+  }
+}
+
+TEST(Collectives, InProcessTransportRejectsUnequalSizes) {
+  InProcessGroup group(2, 5.0);
+  std::vector<std::string> errors;
+  run_ranks(
+      group,
+      [&](int rank, Communicator& comm) {
+        std::vector<uint8_t> send(rank == 0 ? 8 : 16), recv(64);
+        comm.all_gather(send.data(), recv.data(), send.size());
+      },
+      &errors);
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_NE(errors[0].find("posted"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace gradcomp

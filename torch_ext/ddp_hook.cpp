@@ -1,0 +1,221 @@
+// The DDP hook's adapter: DDP buckets to engine requests, futures, the CUDA compression stream.
+#include "ddp_hook.h"
+
+#include <ATen/record_function.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+
+#include "profiler_ranges.h"
+#include "tensor_params.h"
+
+#if defined(GRADCOMP_HAVE_CUDA)
+#include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace gradcomp {
+namespace torch_ext {
+namespace {
+
+// Sets a thread's profiler state for a scope and puts back what it had.
+class ProfilerContext {
+ public:
+  ProfilerContext(const at::RecordFunctionTLS& tls, std::shared_ptr<c10::ThreadLocalDebugInfo> info)
+      : saved_tls_(at::get_record_function_tls_()),
+        saved_info_(c10::ThreadLocalDebugInfo::current()) {
+    at::set_record_function_tls_(tls);
+    c10::ThreadLocalDebugInfo::_forceCurrentDebugInfo(std::move(info));
+  }
+  ~ProfilerContext() {
+    at::set_record_function_tls_(saved_tls_);
+    c10::ThreadLocalDebugInfo::_forceCurrentDebugInfo(std::move(saved_info_));
+  }
+  ProfilerContext(const ProfilerContext&) = delete;
+  ProfilerContext& operator=(const ProfilerContext&) = delete;
+
+ private:
+  at::RecordFunctionTLS saved_tls_;
+  std::shared_ptr<c10::ThreadLocalDebugInfo> saved_info_;
+};
+
+}  // namespace
+
+EngineOptions engine_options(bool compress, const CompressionConfig& config) {
+  EngineOptions o;
+  o.compress = compress;
+  o.config = config;
+  // Work done on the worker shows in the profiler of the thread that queued it. Only the
+  // record-function state and debug info travel: the full ThreadLocalState also carries
+  // Python-object state whose copies need the GIL.
+  o.wrap_task = [](std::function<void()> task) -> std::function<void()> {
+    return [task = std::move(task), tls = at::get_record_function_tls_(),
+            info = c10::ThreadLocalDebugInfo::current()] {
+      ProfilerContext context(tls, info);
+      GRADCOMP_PHASE("gradcomp::hook_bucket");
+      task();
+    };
+  };
+  return o;
+}
+
+uint64_t ddp_bucket_identity(int64_t index, const at::Tensor& buffer,
+                             const std::vector<std::vector<int64_t>>& param_shapes) {
+  return bucket_identity(index, buffer.numel(), to_dtype(buffer.scalar_type(), "DDP bucket"),
+                         param_shapes);
+}
+
+DdpHook::DdpHook(c10::intrusive_ptr<c10d::ProcessGroup> group, EngineOptions options)
+    : group_(std::move(group)),
+      compress_(options.compress),
+      engine_(call_core([&] { return BucketEngine(std::move(options)); })) {
+  GRADCOMP_TORCH_CHECK(group_, "the DDP model has no process group");
+}
+
+void DdpHook::bind(const at::Tensor& bucket) {
+  std::lock_guard<std::mutex> lock(bind_mu_);
+  const at::Device device = bucket.device();
+  if (device_) {
+    GRADCOMP_TORCH_CHECK(*device_ == device, "DDP bucket on ", device, " but this hook works on ",
+                         *device_, " (its first bucket's device); register one hook per device");
+    return;
+  }
+  comm_ = std::make_unique<ProcessGroupCommunicator>(group_, device);
+  if (compress_ && device.is_cpu()) backend_ = make_cpu_backend(1);
+#if defined(GRADCOMP_HAVE_CUDA)
+  if (device.is_cuda()) {
+    // One high-priority stream of this hook runs every bucket's encode, collectives and decode.
+    cuda_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index()).unwrap();
+    if (compress_) {
+      cuda::CudaBackendOptions o;
+      o.device = device.index();
+      o.stream = c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, *cuda_stream_).stream();
+      backend_ = call_core([&] { return cuda::make_cuda_backend(o); });
+    }
+  }
+#endif
+  call_core([&] { engine_.bind(*comm_, backend_.get()); });
+  device_ = device;
+}
+
+void DdpHook::set_parameters(const std::vector<at::Tensor>& params) {
+  std::lock_guard<std::mutex> lock(params_mu_);
+  param_index_.clear();
+  for (size_t i = 0; i < params.size(); ++i)
+    param_index_.emplace(params[i].unsafeGetTensorImpl(), static_cast<int64_t>(i));
+}
+
+int64_t DdpHook::param_index(const at::Tensor& param) const {
+  std::lock_guard<std::mutex> lock(params_mu_);
+  auto it = param_index_.find(param.unsafeGetTensorImpl());
+  return it == param_index_.end() ? -1 : it->second;
+}
+
+BucketRequest DdpHook::request(const at::Tensor& bucket, int64_t index, uint64_t identity,
+                               bool is_last, std::vector<ParamSlice> params) const {
+  BucketRequest r;
+  r.data = bucket.data_ptr();
+  r.numel = bucket.numel();
+  r.dtype = to_dtype(bucket.scalar_type(), "DDP bucket");
+  r.index = index;
+  r.identity = identity;
+  r.is_last = is_last;
+  r.params = std::move(params);
+  return r;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> DdpHook::submit(at::Tensor bucket, int64_t index,
+                                                        uint64_t identity, bool is_last,
+                                                        std::vector<ParamSlice> params) {
+  check_gradient_tensor(bucket, "DDP bucket");
+  bind(bucket);
+  BucketRequest r = request(bucket, index, identity, is_last, std::move(params));
+#if defined(GRADCOMP_HAVE_CUDA)
+  if (bucket.is_cuda()) {
+    // Ordered after the stream that filled the bucket. Nothing here waits for the device: the
+    // future is made with the device and completed while the compression stream is current, so
+    // it records CUDA events there and the reducer's wait orders its stream after them.
+    auto future = c10::make_intrusive<c10::ivalue::Future>(
+        c10::TensorType::get(), std::vector<c10::Device>{bucket.device()});
+    c10::cuda::CUDAStream filled = c10::cuda::getCurrentCUDAStream(bucket.device().index());
+    c10::cuda::CUDAStream compress(c10::cuda::CUDAStream::UNCHECKED, *cuda_stream_);
+    c10::cuda::CUDAStreamGuard guard(compress);
+    c10::cuda::CUDAEvent ready;
+    ready.record(filled);
+    ready.block(compress);
+    bucket.record_stream(compress);
+    engine_.reduce(r, [future, bucket](std::exception_ptr error) {
+      if (error) {
+        future->setError(error);
+      } else {
+        future->markCompleted(c10::IValue(bucket));
+      }
+    });
+    return future;
+  }
+#endif
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
+  call_core([&] {
+    engine_.submit(std::move(r), [future, bucket](std::exception_ptr error) {
+      if (error) {
+        future->setError(error);
+      } else {
+        future->markCompleted(c10::IValue(bucket));
+      }
+    });
+  });
+  return future;
+}
+
+void DdpHook::reduce(at::Tensor bucket, int64_t index, uint64_t identity, bool is_last) {
+  check_gradient_tensor(bucket, "DDP bucket");
+  bind(bucket);
+  const BucketRequest r = request(bucket, index, identity, is_last, {});
+#if defined(GRADCOMP_HAVE_CUDA)
+  if (bucket.is_cuda()) {
+    c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(bucket.device().index());
+    c10::cuda::CUDAStream compress(c10::cuda::CUDAStream::UNCHECKED, *cuda_stream_);
+    c10::cuda::CUDAEvent ready, reduced;
+    ready.record(current);
+    ready.block(compress);
+    bucket.record_stream(compress);
+    {
+      c10::cuda::CUDAStreamGuard guard(compress);
+      call_core([&] { engine_.reduce(r); });
+      reduced.record(compress);
+    }
+    reduced.block(current);
+    return;
+  }
+#endif
+  call_core([&] { engine_.reduce(r); });
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> GradcompCommHook::runHook(c10d::GradBucket& bucket) {
+  std::vector<std::vector<int64_t>> shapes;
+  const std::vector<at::Tensor> params = bucket.getParameters();
+  for (const at::Tensor& p : params) shapes.push_back(p.sizes().vec());
+  at::Tensor& buffer = bucket.getBufferRef();
+  const int64_t index = static_cast<int64_t>(bucket.getIndex());
+  const uint64_t id = ddp_bucket_identity(index, buffer, shapes);
+  std::vector<ParamSlice> slices;
+  const std::vector<at::Tensor> grads = bucket.getGradients();
+  const auto* base = static_cast<const char*>(buffer.data_ptr());
+  for (size_t i = 0; i < params.size() && i < grads.size(); ++i) {
+    const int64_t position = hook_->param_index(params[i]);
+    if (position < 0) {
+      slices.clear();  // parameters unknown (set_parameters not called): no layout recorded
+      break;
+    }
+    const int64_t offset =
+        (static_cast<const char*>(grads[i].data_ptr()) - base) / buffer.element_size();
+    slices.push_back({position, offset, grads[i].numel()});
+  }
+  return hook_->submit(buffer, index, id, bucket.isLast(), std::move(slices));
+}
+
+at::Tensor GradcompCommHook::parseHookResult(const c10::IValue& result) {
+  return result.isTensor() ? result.toTensor() : result.toTensorVector()[0];
+}
+
+}  // namespace torch_ext
+}  // namespace gradcomp

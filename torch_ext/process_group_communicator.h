@@ -1,0 +1,36 @@
+// The core's Communicator over a c10d ProcessGroup (Gloo or NCCL), for the torch front ends.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "gradcomp/communicator.h"
+
+namespace gradcomp {
+namespace torch_ext {
+
+// Collectives wait for their c10d work (on CUDA: the work is ordered on the current stream).
+class ProcessGroupCommunicator final : public Communicator {
+ public:
+  ProcessGroupCommunicator(c10::intrusive_ptr<c10d::ProcessGroup> group, at::Device device);
+  int rank() const override { return group_->getRank(); }
+  int world_size() const override { return group_->getSize(); }
+  bool device_memory() const override { return device_.is_cuda(); }
+
+ protected:
+  void run_all_to_all(const void* send, void* recv, size_t bytes_per_rank) override;
+  void run_all_gather(const void* send, void* recv, size_t bytes_per_rank) override;
+  // As DDP without a hook: each rank scales by 1/W, then a SUM allreduce, so the uncompressed
+  // path through gradcomp is bit-identical to plain DDP.
+  void run_allreduce_mean(void* data, int64_t numel, DType dtype) override;
+
+ private:
+  at::Tensor wrap(void* p, int64_t numel, at::ScalarType type) const;
+
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  at::Device device_;
+};
+
+}  // namespace torch_ext
+}  // namespace gradcomp

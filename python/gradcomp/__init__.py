@@ -4,8 +4,10 @@ Codec specs (``Q4``, ``TopK``, ``NoCompression``) describe what a hook does; ``c
 ``decompress`` encode one tensor into a gradcomp payload and back. The DDP hook is
 ``gradcomp.torch.register`` (or the standard route, ``gradcomp.torch.comm_hook``).
 """
-from . import _C
+# codecs imports torch before the extension: _C needs torch's libraries loaded (a wheel's
+# extension cannot point at the torch it was built against).
 from .codecs import NoCompression, Q4, TopK, compress, decompress
+from . import _C  # noqa: E402
 
 __all__ = ["Q4", "TopK", "NoCompression", "compress", "decompress", "with_cuda"]
 

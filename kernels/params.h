@@ -121,58 +121,71 @@ inline const char* q4_block_problem(uint32_t block) {
                                           : "block size must be a power of two in [16, 256]";
 }
 
-inline const char* params_problem(const Q4EncodeParams& p) {
-  if (!math::dtype_valid(p.dtype)) return "input dtype code is not float32, float16 or bfloat16";
-  if ((p.residual_in != nullptr || p.residual_out != nullptr) &&
-      !math::dtype_valid(p.residual_dtype))
+// What every encode's fields must keep: the input and residual dtypes, the range, a payload.
+inline const char* encode_problem(uint8_t dtype, const void* residual_in, const void* residual_out,
+                                  uint8_t residual_dtype, int64_t begin, int64_t numel,
+                                  const uint8_t* payload) {
+  if (!math::dtype_valid(dtype)) return "input dtype code is not float32, float16 or bfloat16";
+  if ((residual_in != nullptr || residual_out != nullptr) && !math::dtype_valid(residual_dtype))
     return "residual dtype code is not float32, float16 or bfloat16";
+  if (numel < 0) return "element count is negative";
+  if (begin < 0) return "range start is negative";
+  if (payload == nullptr) return "payload is null";
+  return nullptr;
+}
+
+// What every decode's fields must keep: payloads with room for a header, the output, the range.
+inline const char* decode_problem(const uint8_t* const* payloads, int num_payloads,
+                                  uint64_t payload_bytes, uint8_t dtype, int64_t begin,
+                                  int64_t numel) {
+  if (num_payloads < 1 || payloads == nullptr) return "no payloads";
+  if (payload_bytes < kPayloadHeaderBytes) return "payloads are shorter than the 64-byte header";
+  if (!math::dtype_valid(dtype)) return "output dtype code is not float32, float16 or bfloat16";
+  if (numel < 0) return "element count is negative";
+  if (begin < 0) return "range start is negative";
+  return nullptr;
+}
+
+inline const char* topk_problem(uint8_t value_dtype, int64_t numel) {
+  if (!math::dtype_valid(value_dtype))
+    return "value dtype code is not float32, float16 or bfloat16";
+  if (numel > math::kTopKMaxNumel)
+    return "bucket is too large for top-k (limit 2^31 - 1 elements: indices are 32-bit)";
+  return nullptr;
+}
+
+inline const char* params_problem(const Q4EncodeParams& p) {
+  if (const char* e = encode_problem(p.dtype, p.residual_in, p.residual_out, p.residual_dtype,
+                                     p.begin, p.numel, p.payload))
+    return e;
   if (const char* block = q4_block_problem(p.block_size)) return block;
-  if (p.numel < 0) return "element count is negative";
-  if (p.begin < 0 || p.begin % p.block_size != 0)
-    return "range start is not a non-negative multiple of the block size";
-  if (p.payload == nullptr) return "payload is null";
+  if (p.begin % p.block_size != 0) return "range start is not a multiple of the block size";
   return nullptr;
 }
 
 inline const char* params_problem(const Q4DecodeParams& p) {
-  if (p.num_payloads < 1 || p.payloads == nullptr) return "no payloads";
-  if (p.payload_bytes < kPayloadHeaderBytes) return "payloads are shorter than the 64-byte header";
-  if (!math::dtype_valid(p.dtype)) return "output dtype code is not float32, float16 or bfloat16";
-  if (const char* block = q4_block_problem(p.block_size)) return block;
-  if (p.numel < 0) return "element count is negative";
-  if (p.begin < 0) return "range start is negative";
-  return nullptr;
+  if (const char* d =
+          decode_problem(p.payloads, p.num_payloads, p.payload_bytes, p.dtype, p.begin, p.numel))
+    return d;
+  return q4_block_problem(p.block_size);
 }
 
 inline const char* params_problem(const TopKEncodeParams& p) {
-  if (!math::dtype_valid(p.dtype)) return "input dtype code is not float32, float16 or bfloat16";
-  if ((p.residual_in != nullptr || p.residual_out != nullptr) &&
-      !math::dtype_valid(p.residual_dtype))
-    return "residual dtype code is not float32, float16 or bfloat16";
-  if (!math::dtype_valid(p.value_dtype))
-    return "value dtype code is not float32, float16 or bfloat16";
-  if (p.numel < 0) return "element count is negative";
-  if (p.numel > math::kTopKMaxNumel)
-    return "bucket is too large for top-k (limit 2^31 - 1 elements: indices are 32-bit)";
-  if (p.begin < 0) return "range start is negative";
+  if (const char* e = encode_problem(p.dtype, p.residual_in, p.residual_out, p.residual_dtype,
+                                     p.begin, p.numel, p.payload))
+    return e;
+  if (const char* t = topk_problem(p.value_dtype, p.numel)) return t;
   if (p.k < 0 || p.k > p.numel) return "k is outside [0, numel]";
   if (p.capacity > static_cast<uint64_t>(p.numel)) return "capacity exceeds the element count";
   if (p.exact && p.capacity != p.k) return "capacity must equal k in exact mode";
-  if (p.payload == nullptr) return "payload is null";
   return nullptr;
 }
 
 inline const char* params_problem(const TopKDecodeParams& p) {
-  if (p.num_payloads < 1 || p.payloads == nullptr) return "no payloads";
-  if (p.payload_bytes < kPayloadHeaderBytes) return "payloads are shorter than the 64-byte header";
-  if (!math::dtype_valid(p.dtype)) return "output dtype code is not float32, float16 or bfloat16";
-  if (!math::dtype_valid(p.value_dtype))
-    return "value dtype code is not float32, float16 or bfloat16";
-  if (p.numel < 0) return "element count is negative";
-  if (p.numel > math::kTopKMaxNumel)
-    return "bucket is too large for top-k (limit 2^31 - 1 elements: indices are 32-bit)";
-  if (p.begin < 0) return "range start is negative";
-  return nullptr;
+  if (const char* d =
+          decode_problem(p.payloads, p.num_payloads, p.payload_bytes, p.dtype, p.begin, p.numel))
+    return d;
+  return topk_problem(p.value_dtype, p.numel);
 }
 
 inline const char* params_problem(const EndBucketParams& p) {

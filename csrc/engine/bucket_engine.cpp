@@ -80,7 +80,8 @@ void BucketEngine::submit(BucketRequest bucket, Done done) {
   GRADCOMP_CHECK(bound(), "bucket " << bucket.index << " was submitted before bind()");
   if (queued_) return reduce(bucket, std::move(done));
   std::function<void()> task = wrapped(
-      [this, bucket = std::move(bucket), done = std::move(done)] { reduce_now(bucket, done); });
+      [this, bucket = std::move(bucket), done = std::move(done),
+       submitted = std::chrono::steady_clock::now()] { reduce_now(bucket, done, submitted); });
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     queue_.push_back(std::move(task));
@@ -89,7 +90,8 @@ void BucketEngine::submit(BucketRequest bucket, Done done) {
 }
 
 void BucketEngine::reduce(const BucketRequest& bucket, Done done) {
-  wrapped([&] { reduce_now(bucket, done); })();
+  const auto submitted = std::chrono::steady_clock::now();
+  wrapped([&] { reduce_now(bucket, done, submitted); })();
 }
 
 void BucketEngine::worker_loop() {
@@ -111,11 +113,18 @@ void BucketEngine::worker_loop() {
   }
 }
 
-void BucketEngine::reduce_now(const BucketRequest& bucket, Done done) {
+void BucketEngine::reduce_now(const BucketRequest& bucket, Done done,
+                              std::chrono::steady_clock::time_point submitted) {
   Completions completions;
   try {
     std::lock_guard<std::mutex> lock(state_mu_);
+    BucketTiming timing;
+    timing.index = bucket.index;
+    timing.submitted = submitted;
+    timing.started = std::chrono::steady_clock::now();
     completions = reduce_locked(bucket, done);
+    timing.finished = std::chrono::steady_clock::now();
+    timeline_.push_back(timing);
   } catch (...) {
     if (!done) throw;
     completions = {{done, std::current_exception()}};
@@ -199,6 +208,8 @@ void BucketEngine::begin_step() {
   if (allreduce_) allreduce_->advance_step();
   last_step_ = step_stats_;
   step_stats_ = ReductionStats{};
+  last_timeline_ = std::move(timeline_);
+  timeline_.clear();
 }
 
 void BucketEngine::reduce_segments(const std::vector<Segment>& segments, DType dtype, int64_t numel,
@@ -243,6 +254,11 @@ void BucketEngine::end_step() {
 ReductionStats BucketEngine::last_step_stats() const {
   std::lock_guard<std::mutex> lock(state_mu_);
   return step_stats_.buckets > 0 ? step_stats_ : last_step_;
+}
+
+std::vector<BucketTiming> BucketEngine::step_timeline() const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  return timeline_.empty() ? last_timeline_ : timeline_;
 }
 
 ReductionStats BucketEngine::total_stats() const {

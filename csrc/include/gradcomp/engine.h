@@ -2,6 +2,7 @@
 // bucket layouts and their remapping after a restart, residual lifecycle, stats, checkpoints.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -56,12 +57,24 @@ struct ReductionStats {
   void add(const ReductionStats& other);
 };
 
+// When one bucket was handed in, began reducing and was done (host clock; on a CUDA backend the
+// reduction is only queued in that time). Front ends compare it with their backward pass.
+struct BucketTiming {
+  int64_t index = 0;
+  std::chrono::steady_clock::time_point submitted, started, finished;
+};
+
 // What a rank checkpoints for a bit-identical resume.
 struct EngineState {
   CompressionState compression;
   bool started = false;                      // a step has run (the next bucket 0 starts another)
   std::map<uint64_t, BucketLayout> layouts;  // buckets with residuals, by identity
 };
+
+// EngineState as bytes (versioned and checksummed), for front ends that checkpoint without
+// Python; parse_engine_state checks every field and throws Error saying what is wrong.
+std::vector<uint8_t> serialize_engine_state(const EngineState& state);
+EngineState parse_engine_state(const uint8_t* data, size_t size);
 
 struct EngineOptions {
   bool compress = true;  // false: a plain averaging allreduce through the same path (A/B runs)
@@ -107,6 +120,7 @@ class BucketEngine {
 
   ReductionStats last_step_stats() const;  // the step in progress, or the last one
   ReductionStats total_stats() const;
+  std::vector<BucketTiming> step_timeline() const;  // the step in progress, or the last one
   EngineState state() const;
   // Replaces the state; the next step reduces the saved bucket layouts when its buckets differ.
   void load_state(EngineState state);
@@ -119,7 +133,8 @@ class BucketEngine {
   };
   using Completions = std::vector<std::pair<Done, std::exception_ptr>>;
 
-  void reduce_now(const BucketRequest& bucket, Done done);
+  void reduce_now(const BucketRequest& bucket, Done done,
+                  std::chrono::steady_clock::time_point submitted);
   // Returns the buckets whose `done` must run once the lock is released.
   Completions reduce_locked(const BucketRequest& bucket, Done done);
   void begin_step();
@@ -140,6 +155,7 @@ class BucketEngine {
   EngineState pending_;          // loaded before bind()
   bool started_ = false;
   ReductionStats step_stats_, last_step_, total_;
+  std::vector<BucketTiming> timeline_, last_timeline_;
   // Bucket identities of the step in progress and of the last complete one: when they differ
   // (the front end rebuilt its buckets), the buckets no longer used are released.
   std::set<uint64_t> step_ids_, last_step_ids_;

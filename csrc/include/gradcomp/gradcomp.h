@@ -2,6 +2,7 @@
 #pragma once
 
 #include "gradcomp/backend.h"
+#include "gradcomp/codec_spec.h"
 #include "gradcomp/collectives.h"
 #include "gradcomp/communicator.h"
 #include "gradcomp/cpu.h"

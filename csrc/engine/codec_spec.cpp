@@ -1,0 +1,33 @@
+// Codec specs to engine options: the one mapping both front ends use.
+#include "gradcomp/codec_spec.h"
+
+namespace gradcomp {
+
+EngineOptions engine_options(const CodecSpec& codec) {
+  EngineOptions o;
+  CompressionConfig& c = o.config;
+  if (const Q4* q4 = std::get_if<Q4>(&codec)) {
+    c.codec = Codec::kQ4;
+    c.q4.block_size = q4->block_size;
+    c.q4.rounding = q4->rounding;
+    c.q4_algorithm = q4->algorithm;
+    c.error_feedback = q4->error_feedback;
+    c.residual_dtype = q4->residual_dtype;
+    c.seed = q4->seed;
+  } else if (const TopK* topk = std::get_if<TopK>(&codec)) {
+    c.codec = Codec::kTopK;
+    c.topk.ratio = topk->ratio;
+    c.topk.exact = topk->exact;
+    c.topk.value_dtype = topk->value_dtype;
+    c.error_feedback = topk->error_feedback;
+    c.residual_dtype = topk->residual_dtype;
+    c.seed = topk->seed;
+  } else {
+    o.compress = false;
+    c.error_feedback = false;
+  }
+  if (o.compress) c.validate();
+  return o;
+}
+
+}  // namespace gradcomp

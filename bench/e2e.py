@@ -7,6 +7,10 @@ namespaces it says so and runs on the plain loopback, unlimited.
 
     python bench/e2e.py --quick                    # the README's main job: about 3 minutes
     python bench/e2e.py --world 2,4 --gbps 1,10    # the full run behind docs/benchmarks.md
+
+The cpp-* methods run the same model from C++ (examples/cpp/throughput.cpp, built against the
+installed package into build/example-cpp by scripts/test_all.sh; --cpp-bin to point elsewhere):
+GradSync with q4, and the per-tensor blocking allreduce C++ programs write without gradcomp.
 """
 import argparse
 import datetime
@@ -21,7 +25,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NETNS = "gradcomp-bench"
-METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4", "gradcomp-topk")
+PYTHON_METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4", "gradcomp-topk")
+CPP_METHODS = ("cpp-allreduce", "cpp-gradsync-q4")
+METHODS = PYTHON_METHODS + CPP_METHODS
+CPP_BIN = os.path.join(HERE, "..", "build", "example-cpp", "throughput")
 
 
 class Link:
@@ -57,7 +64,7 @@ class Link:
             subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
 
 
-def run_ranks(link, mode, method, world, extra, timeout, copies=1):
+def run_ranks(link, mode, method, world, extra, timeout, copies=1, cpp_bin=CPP_BIN):
     """Starts `world` worker processes (or `copies` independent single-rank ones when world is 1);
     returns rank 0's result dict."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -65,10 +72,15 @@ def run_ranks(link, mode, method, world, extra, timeout, copies=1):
         port = 29600 + (os.getpid() + int(time.time() * 1000)) % 2000
         procs = []
         for rank in range(max(world, copies)):
-            cmd = link.prefix + [sys.executable, os.path.join(HERE, "e2e_worker.py"), "--mode", mode, "--method",
-                                 method, "--rank", str(rank if world > 1 else 0), "--world", str(world),
-                                 "--port", str(port), "--out", out if rank == 0 else out + f".{rank}"] + extra
+            rank_out = out if rank == 0 else out + f".{rank}"
             env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+            if method in CPP_METHODS:
+                cmd = link.prefix + [cpp_bin, "--method", method[len("cpp-"):], "--out", rank_out] + extra
+                env.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            else:
+                cmd = link.prefix + [sys.executable, os.path.join(HERE, "e2e_worker.py"), "--mode", mode, "--method",
+                                     method, "--rank", str(rank if world > 1 else 0), "--world", str(world),
+                                     "--port", str(port), "--out", rank_out] + extra
             err = open(os.path.join(tmp, f"stderr.{rank}"), "w")
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env))
         deadline = time.time() + timeout
@@ -95,6 +107,7 @@ def main():
     ap.add_argument("--world", default="2", help="comma list of world sizes")
     ap.add_argument("--gbps", default="1", help="comma list of per-node link rates in Gbit/s")
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--cpp-bin", default=CPP_BIN, help="examples/cpp's throughput program")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--hidden", type=int, default=4096, help="4096 gives a 25.2M-parameter model")
@@ -114,6 +127,9 @@ def main():
     for m in methods:
         if m not in METHODS:
             ap.error(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    if any(m in CPP_METHODS for m in methods) and not os.access(args.cpp_bin, os.X_OK):
+        print(f"note: {args.cpp_bin} not built (scripts/test_all.sh builds it): no cpp-* methods", flush=True)
+        methods = [m for m in methods if m not in CPP_METHODS]
     if any(w < 2 or w > 8 for w in worlds) or any(g <= 0 for g in rates):
         ap.error("world sizes must be 2..8 and rates positive")
     os.makedirs(args.out, exist_ok=True)
@@ -124,7 +140,7 @@ def main():
                "link_note": link.note, "config": vars(args), "throughput": [], "limit": {}, "digits": []}
     extra = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--hidden", str(args.hidden)]
     try:
-        total = len(worlds) * (1 + len(rates) * len(methods)) + len(methods)
+        total = len(worlds) * (1 + len(rates) * len(methods)) + len([m for m in methods if m in PYTHON_METHODS])
         done = 0
         for world in worlds:
             # The limit: the same model and per-rank batch with no communication, W copies at once
@@ -139,11 +155,11 @@ def main():
                 for method in methods:
                     done += 1
                     print(f"[{done}/{total}] W={world} {gbps:g} Gbit/s {method}", flush=True)
-                    r = run_ranks(link, "throughput", method, world, extra, args.timeout)
+                    r = run_ranks(link, "throughput", method, world, extra, args.timeout, cpp_bin=args.cpp_bin)
                     results["throughput"].append({"world": world, "gbps": gbps, "rate_limited": limited,
                                                   "method": method, **r})
         link.set_rate(rates[0] * 2)
-        for method in methods:
+        for method in [m for m in methods if m in PYTHON_METHODS]:
             done += 1
             print(f"[{done}/{total}] digits, W=2, {rates[0]:g} Gbit/s, {method}", flush=True)
             r = run_ranks(link, "digits", method, 2, ["--epochs", str(args.digits_epochs)], args.timeout)
@@ -182,6 +198,14 @@ def print_table(results):
             name = r["method"] + (" (1 bucket)" if r["method"] in ("powersgd-r4", "quant-pertensor") else "")
             print(f"{name:16s} {s * 1e3:9.0f} {fmt_bytes(r['bytes_per_step_per_rank']):>16s} {vs(fp32):>8s} "
                   f"{vs(bf16):>8s} {s / limit if limit else float('nan'):8.2f}x {codec}")
+        cpp_loop, cpp_q4, hook = (base.get(m, {}).get("step_s") for m in ("cpp-allreduce", "cpp-gradsync-q4",
+                                                                          "gradcomp-q4"))
+        if cpp_loop and cpp_q4:
+            line = f"C++: GradSync q4 is {cpp_loop / cpp_q4:.2f}x the per-tensor allreduce loop"
+            if fp32 and hook:
+                line += f" (the Python hook: {fp32 / hook:.2f}x DDP fp32); GradSync / Python hook step time " \
+                        f"{cpp_q4 / hook:.2f}"
+            print(line)
     if results["digits"]:
         print("\ndigits (2 ranks): final test accuracy, wall time")
         for r in results["digits"]:

@@ -27,6 +27,7 @@ echo "tests: $(( $(date +%s) - t0 )) s"
 
 # The DDP hook on the GPU: install against the machine's torch (offline) and run its GPU tests.
 if python3 -c "import torch" 2>/dev/null; then
+  export CMAKE_PREFIX_PATH="$root/.gpu-deps/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
   CMAKE_CUDA_ARCHITECTURES=90 GRADCOMP_BUILD_DIR="$root/build-gpu-python" \
     python3 -m pip install -q --no-build-isolation --no-deps -e . > "$out/pip.log" 2>&1 || { tail -20 "$out/pip.log"; status=1; }
   python3 -m pytest tests/python/test_gpu_hook.py -q -rs 2>&1 | tee "$out/pytest-gpu.log" | tail -3
@@ -63,5 +64,16 @@ print(f"{'measure':40s} {'value':>8s}  target")
 for name, v, target in rows:
     print(f"{name:40s} {v:8.3f}  {target}")
 PY
+
+# GradSync on the GPU (NCCL, compression stream): the C++ trainer against the installed package.
+if python3 -c "import torch" 2>/dev/null && [ -d build-gpu-python ]; then
+  torch_cmake="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+  { cmake --build build-gpu-python -j "$(nproc)" && cmake --install build-gpu-python --prefix build-gpu/install-torch &&
+    cmake -S examples/cpp -B build-gpu/example-cpp -G Ninja -DCMAKE_PREFIX_PATH="$root/build-gpu/install-torch;$torch_cmake" &&
+    cmake --build build-gpu/example-cpp; } > "$out/grad-sync-build.log" 2>&1 || { tail -20 "$out/grad-sync-build.log"; status=1; }
+  GRADCOMP_CPP_TRAINER="$root/build-gpu/example-cpp/digits_trainer" \
+    python3 -m pytest tests/python/test_gpu_grad_sync.py -q -rs 2>&1 | tee "$out/pytest-grad-sync.log" | tail -3
+  grep -qE "failed|error" "$out/pytest-grad-sync.log" && status=1
+fi
 echo "total: $(( $(date +%s) - t0 )) s"
 exit $status

@@ -43,9 +43,20 @@ cmake -S tests/consumer -B build-consumer -G Ninja -DCMAKE_PREFIX_PATH="$root/bu
 cmake --build build-consumer
 ./build-consumer/gradcomp_consumer
 
-step "Python package (pip install -e .) and DDP hook tests on real Gloo process groups"
+step "Python package (pip install -e .): gradcomp._C and gradcomp::torch built against the venv's torch"
 venv="$("$root/scripts/python_env.sh")"
 CMAKE_CUDA_ARCHITECTURES="$cuda_archs" "$venv/bin/pip" install -q --no-build-isolation -e .
+
+step "C++ training API: install gradcomp::torch, build examples/cpp with find_package(gradcomp COMPONENTS torch)"
+cmake --build build-python -j "$jobs"
+cmake --install build-python --prefix "$root/build/install-torch" > /dev/null
+torch_cmake="$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+cmake -S examples/cpp -B build/example-cpp -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$root/build/install-torch;$torch_cmake" > /dev/null
+cmake --build build/example-cpp
+export GRADCOMP_CPP_TRAINER="$root/build/example-cpp/digits_trainer"
+
+step "Python and C++ front ends on real Gloo process groups (DDP hook, GradSync under torchrun)"
 "$venv/bin/python" -m pytest tests/python -q -rs
 
 step "example: torchrun, 2 ranks, q4 hook on digits"

@@ -40,10 +40,8 @@ class ProfilerContext {
 
 }  // namespace
 
-EngineOptions engine_options(bool compress, const CompressionConfig& config) {
-  EngineOptions o;
-  o.compress = compress;
-  o.config = config;
+EngineOptions ddp_engine_options(const CodecSpec& codec) {
+  EngineOptions o = call_core([&] { return engine_options(codec); });
   // Work done on the worker shows in the profiler of the thread that queued it. Only the
   // record-function state and debug info travel: the full ThreadLocalState also carries
   // Python-object state whose copies need the GIL.

@@ -19,9 +19,8 @@
 namespace gradcomp {
 namespace torch_ext {
 
-// What a Python codec spec turns into (gradcomp.Q4 / TopK / NoCompression), with the profiler's
-// context carried to the engine's worker thread.
-EngineOptions engine_options(bool compress, const CompressionConfig& config);
+// A codec's engine options, with the profiler's context carried to the engine's worker thread.
+EngineOptions ddp_engine_options(const CodecSpec& codec);
 
 // One hook's state, shared by the comm hook DDP's reducer owns and the Python handle. CPU
 // buckets are reduced on the engine's worker thread; CUDA buckets on a compression stream of

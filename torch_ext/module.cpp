@@ -22,26 +22,33 @@ DType parse_dtype(const std::string& name, const char* what) {
                        "'");
 }
 
-EngineOptions parse_options(const py::dict& d) {
+// A Python codec spec's options (gradcomp.Q4 / TopK / NoCompression ._options()) as the C++ spec.
+CodecSpec parse_codec(const py::dict& d) {
   const std::string codec = d["codec"].cast<std::string>();
-  CompressionConfig c;
-  c.codec = codec == "topk" ? Codec::kTopK : Codec::kQ4;
-  c.seed = d["seed"].cast<uint64_t>();
-  c.error_feedback = d["error_feedback"].cast<bool>();
-  c.residual_dtype = parse_dtype(d["residual_dtype"].cast<std::string>(), "residual_dtype");
   if (codec == "q4") {
-    c.q4.block_size = d["block_size"].cast<int>();
-    c.q4.rounding =
+    Q4 q4;
+    q4.block_size = d["block_size"].cast<int>();
+    q4.rounding =
         d["rounding"].cast<std::string>() == "nearest" ? Rounding::kNearest : Rounding::kStochastic;
-    c.q4_algorithm = d["algorithm"].cast<std::string>() == "one_phase" ? Q4Algorithm::kOnePhase
-                                                                       : Q4Algorithm::kTwoPhase;
-  } else if (codec == "topk") {
-    c.topk.ratio = d["ratio"].cast<double>();
-    c.topk.exact = d["exact"].cast<bool>();
-    c.topk.value_dtype = parse_dtype(d["value_dtype"].cast<std::string>(), "value_dtype");
+    q4.algorithm = d["algorithm"].cast<std::string>() == "one_phase" ? Q4Algorithm::kOnePhase
+                                                                     : Q4Algorithm::kTwoPhase;
+    q4.error_feedback = d["error_feedback"].cast<bool>();
+    q4.residual_dtype = parse_dtype(d["residual_dtype"].cast<std::string>(), "residual_dtype");
+    q4.seed = d["seed"].cast<uint64_t>();
+    return q4;
   }
-  call_core([&] { c.validate(); });
-  return engine_options(codec != "none", c);
+  if (codec == "topk") {
+    TopK topk;
+    topk.ratio = d["ratio"].cast<double>();
+    topk.exact = d["exact"].cast<bool>();
+    topk.error_feedback = d["error_feedback"].cast<bool>();
+    topk.value_dtype = parse_dtype(d["value_dtype"].cast<std::string>(), "value_dtype");
+    topk.residual_dtype = parse_dtype(d["residual_dtype"].cast<std::string>(), "residual_dtype");
+    topk.seed = d["seed"].cast<uint64_t>();
+    return topk;
+  }
+  GRADCOMP_TORCH_CHECK(codec == "none", "unknown codec '", codec, "'");
+  return NoCompression{};
 }
 
 py::dict stats_dict(const ReductionStats& s) {
@@ -92,7 +99,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<DdpHook, std::shared_ptr<DdpHook>>(m, "DdpHook")
       .def(py::init([](py::object group, const py::dict& options) {
              auto pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
-             return std::make_shared<DdpHook>(pg, parse_options(options));
+             return std::make_shared<DdpHook>(pg, ddp_engine_options(parse_codec(options)));
            }),
            py::arg("process_group"), py::arg("options"))
       .def(

@@ -12,3 +12,10 @@ def test_api_doc_example_runs():
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     assert blocks, "docs/api.md has no python example"
     assert launch("workers_ddp", "run_python_block", 1, blocks[0]) == [True]
+
+
+def test_cpp_doc_example_is_the_quickstart_ci_runs():
+    text = (ROOT / "docs" / "api.md").read_text()
+    quickstart = (ROOT / "examples" / "cpp" / "quickstart.cpp").read_text()
+    blocks = re.findall(r"```cpp\n(.*?)```", text, re.S)
+    assert quickstart in blocks, "docs/api.md's C++ example differs from examples/cpp/quickstart.cpp"

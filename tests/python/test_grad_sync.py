@@ -1,0 +1,113 @@
+"""The C++ training API (gradcomp::GradSync) through the example trainer: real processes under
+torchrun --no-python, real Gloo."""
+import json
+import statistics
+
+import numpy as np
+import pytest
+
+from cpp_trainer import digits_file, launch, launch_quickstart
+from launcher import launch as launch_python
+from workers_grad_sync import check_against_reference
+
+SEEDS = (0, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return digits_file(tmp_path_factory.mktemp("digits"))
+
+
+@pytest.fixture(scope="module")
+def accuracy(data):
+    results = {}
+
+    def run(codec):
+        if codec not in results:
+            per_seed = []
+            for seed in SEEDS:
+                ranks = launch(2, ["--data", data, "--codec", codec, "--seed", seed]).ranks
+                assert ranks[0]["accuracy"] == ranks[1]["accuracy"], "ranks disagree on the trained model"
+                per_seed.append(ranks[0]["accuracy"])
+            results[codec] = statistics.mean(per_seed)
+        return results[codec]
+
+    return run
+
+
+def test_the_documented_quickstart_runs_on_two_ranks(tmp_path):
+    out = launch_quickstart(2, tmp_path)
+    assert sum("bytes sent" in line for line in out.splitlines()) == 2, out
+    assert (tmp_path / "quickstart.rank1.pt").exists()
+
+
+def test_q4_trains_digits_as_well_as_uncompressed(accuracy):
+    assert accuracy("q4") >= accuracy("none") - 0.01, (accuracy("q4"), accuracy("none"))
+    assert accuracy("none") > 0.9
+
+
+def test_uncompressed_grad_sync_equals_the_hand_written_allreduce_bit_for_bit(data, tmp_path):
+    for codec in ("none", "allreduce"):
+        launch(2, ["--data", data, "--codec", codec, "--epochs", 3, "--params-out", tmp_path / codec])
+    for rank in range(2):
+        a = np.fromfile(tmp_path / f"none.rank{rank}", dtype="<f4")
+        b = np.fromfile(tmp_path / f"allreduce.rank{rank}", dtype="<f4")
+        assert a.size > 0 and np.array_equal(a.view(np.int32), b.view(np.int32))
+
+
+@pytest.mark.parametrize("codec", ["q4", "topk"])
+def test_four_ranks_end_with_one_model_and_send_less(data, codec):
+    ranks = launch(4, ["--data", data, "--codec", codec, "--epochs", 3]).ranks
+    assert len({r["accuracy"] for r in ranks}) == 1
+    assert 0 < ranks[0]["bytes_sent"] < ranks[0]["uncompressed_bytes"] / 4
+
+
+@pytest.mark.parametrize("world,codec,accumulate", [(2, "q4", 1), (3, "q4", 2), (2, "topk", 1), (3, "topk", 2)])
+def test_averaged_gradients_equal_the_reference_and_the_python_hook(data, tmp_path, world, codec, accumulate):
+    steps = 3
+    dump, layout_path = tmp_path / "grads", tmp_path / "layout.json"
+    # Small buckets, so the model spreads over several; --accumulate adds no_sync micro-steps.
+    launch(world, ["--data", data, "--codec", codec, "--steps", steps, "--dump", dump, "--layout-out",
+                   layout_path, "--bucket-cap-mb", 0.0001, "--first-bucket-cap-mb", 0.00002,
+                   "--accumulate", accumulate])
+    layout = json.loads(layout_path.read_text())
+    assert len(layout["buckets"]) > 2, layout
+    check_against_reference(str(dump), layout, world, steps, codec)
+    assert all(launch_python("workers_grad_sync", "python_hook_matches", world, str(dump), layout, steps, codec))
+
+
+@pytest.mark.parametrize("codec", ["q4", "topk"])
+def test_resume_from_a_checkpoint_is_bit_identical(data, tmp_path, codec):
+    common = ["--data", data, "--codec", codec, "--steps", 40]
+    launch(2, common + ["--params-out", tmp_path / "uninterrupted"])
+    launch(2, common + ["--save-at", 20, "--save", tmp_path / "ckpt", "--stop-at-save"])
+    launch(2, common + ["--resume", tmp_path / "ckpt", "--params-out", tmp_path / "resumed"])
+    for rank in range(2):
+        a = np.fromfile(tmp_path / f"uninterrupted.rank{rank}", dtype="<f4")
+        b = np.fromfile(tmp_path / f"resumed.rank{rank}", dtype="<f4")
+        assert a.size > 0 and np.array_equal(a.view(np.int32), b.view(np.int32))
+
+
+def test_parameters_loaded_after_making_the_grad_sync_are_named_as_the_cause(data, tmp_path):
+    run = launch(2, ["--data", data, "--steps", 3, "--reload-after-sync", tmp_path / "model"], timeout=120,
+                 check=False)
+    assert run.returncode != 0 and "new gradient accumulators" in run.stderr, run.stderr[-2000:]
+
+
+def test_a_rank_with_another_model_gets_an_error_naming_the_ranks(data):
+    run = launch(2, ["--data", data, "--steps", 3, "--hidden-on-rank", "1:33"], timeout=120, check=False)
+    assert run.returncode != 0
+    assert "rank 1 has" in run.stderr + run.stdout and "rank 0 has" in run.stderr + run.stdout, run.stderr[-2000:]
+
+
+def test_unused_parameters_raise_by_name_or_count_as_zero(data):
+    run = launch(2, ["--data", data, "--steps", 3, "--unused"], timeout=120, check=False)
+    assert run.returncode != 0 and "'spare'" in run.stderr, run.stderr[-2000:]
+    ranks = launch(2, ["--data", data, "--steps", 30, "--unused", "--find-unused"]).ranks
+    assert ranks[0]["accuracy"] == ranks[1]["accuracy"]
+
+
+def test_a_non_finite_bf16_step_is_reported_on_every_rank(data):
+    run = launch(2, ["--data", data, "--steps", 5, "--dtype", "bfloat16", "--nan-at", 3])
+    reports = [line for line in run.lines if "nonfinite_buckets" in line and line.startswith("rank")]
+    assert len(reports) == 2 and all(int(line.split()[-1]) >= 1 for line in reports), run.stdout

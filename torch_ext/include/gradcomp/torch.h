@@ -1,0 +1,112 @@
+// gradcomp for C++ libtorch training programs: GradSync (compressed, overlapped data
+// parallelism) and a process group from torchrun's environment. Target gradcomp::torch.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/serialize/archive.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <vector>
+
+#include "gradcomp/gradcomp.h"
+
+namespace gradcomp {
+
+// A process group from the variables torchrun sets (MASTER_ADDR, MASTER_PORT, RANK,
+// WORLD_SIZE): "gloo" (CPU tensors) or "nccl" (CUDA tensors, CUDA builds). Collectives that do
+// not complete within `timeout` raise instead of hanging.
+c10::intrusive_ptr<c10d::ProcessGroup> process_group_from_env(
+    const std::string& backend = "gloo",
+    std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+struct GradSyncOptions {
+  // Buckets hold parameters in reverse registration order, as DDP's do: backward produces the
+  // last parameters' gradients first. The first bucket is small so the network starts early.
+  int64_t bucket_cap_bytes = int64_t{25} << 20;
+  int64_t first_bucket_cap_bytes = int64_t{1} << 20;
+  // Parameters whose gradient does not arrive in a step count as zero on this rank (and keep
+  // their .grad when no rank used them). Off: finish() raises naming them.
+  bool find_unused_parameters = false;
+  // Copies rank 0's parameter values to every rank when the GradSync is made.
+  bool broadcast_parameters = true;
+};
+
+struct GradSyncStats {
+  ReductionStats step;   // the last synchronised step
+  ReductionStats total;  // since the GradSync was made
+  // The last step, on the host clock: from the first gradient to finish(), the buckets'
+  // reductions (on CUDA: the time to queue them), the part of those inside the backward window,
+  // and the time finish() waited for the rest.
+  double backward_seconds = 0;
+  double reduction_seconds = 0;
+  double overlapped_seconds = 0;
+  double finish_wait_seconds = 0;
+};
+
+// Averages the gradients of `parameters` over the process group through gradcomp, bucket by
+// bucket while backward runs:
+//
+//   gradcomp::GradSync sync(model->parameters(), group, gradcomp::Q4{});
+//   for (...) { loss.backward(); sync.finish(); optimizer.step(); }
+//
+// Each bucket is compressed the moment its last gradient is accumulated, on the engine's
+// worker thread (CPU) or its compression stream (CUDA), with the same engine and arithmetic as
+// the DDP hook. finish() waits for every bucket and writes the averaged gradients back.
+class GradSync {
+ public:
+  GradSync(std::vector<at::Tensor> parameters, c10::intrusive_ptr<c10d::ProcessGroup> group,
+           CodecSpec codec = Q4{}, GradSyncOptions options = {});
+  GradSync(const torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGroup> group,
+           CodecSpec codec = Q4{}, GradSyncOptions options = {});
+  ~GradSync();
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+
+  // Waits for this step's buckets and writes the averaged gradients into each parameter's
+  // .grad; raises Error (naming step, bucket or parameter) when one failed. Does nothing inside
+  // a no_sync() scope.
+  void finish();
+
+  // While the returned guard lives, backward only accumulates gradients locally; the first
+  // backward after it synchronises the accumulated sum.
+  class NoSync {
+   public:
+    explicit NoSync(GradSync& sync);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    GradSync& sync_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  GradSyncStats stats() const;
+  // The bucket assignment: each bucket's parameter positions (into `parameters`), in order.
+  std::vector<std::vector<int64_t>> buckets() const;
+  int rank() const;
+  int world_size() const;
+
+  // Residuals, step counter, seed and bucket layouts: everything a bit-identical resume needs
+  // (each rank saves its own). load() refuses a damaged or foreign record as a whole.
+  EngineState state() const;
+  void load_state(EngineState state);
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// torch::save(sync, path) / torch::load(sync, path).
+torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
+                                            const GradSync& sync);
+torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive, GradSync& sync);
+
+}  // namespace gradcomp

@@ -1,0 +1,83 @@
+// A c10d process group from torchrun's environment, for C++ programs (Gloo, or NCCL on CUDA).
+#include <cstdlib>
+#include <string>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "gradcomp/torch.h"
+
+#if defined(GRADCOMP_HAVE_CUDA) && defined(USE_C10D_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace gradcomp {
+namespace {
+
+std::string env(const char* name, const char* fallback = nullptr) {
+  const char* v = std::getenv(name);
+  GRADCOMP_CHECK(v != nullptr || fallback != nullptr,
+                 "process_group_from_env: " << name << " is not set (launch with torchrun)");
+  return v != nullptr ? v : fallback;
+}
+
+int env_int(const char* name, const char* fallback = nullptr) {
+  const std::string v = env(name, fallback);
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  GRADCOMP_CHECK(end != v.c_str() && *end == '\0' && x >= 0 && x < (1L << 30),
+                 "process_group_from_env: " << name << "='" << v << "' is not a number");
+  return static_cast<int>(x);
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::ProcessGroup> process_group_from_env(const std::string& backend,
+                                                              std::chrono::milliseconds timeout) {
+  const int rank = env_int("RANK");
+  const int world = env_int("WORLD_SIZE");
+  GRADCOMP_CHECK(rank < world,
+                 "process_group_from_env: RANK " << rank << " >= WORLD_SIZE " << world);
+  const std::string addr = env("MASTER_ADDR", "127.0.0.1");
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<uint16_t>(env_int("MASTER_PORT", "29500"));
+  // Under torchrun's agent the store server already runs in the agent; workers are its clients.
+  const bool agent_store = env("TORCHELASTIC_USE_AGENT_STORE", "False") == "True";
+  store_options.isServer = rank == 0 && !agent_store;
+  store_options.numWorkers = world;
+  store_options.timeout = timeout;
+  auto tcp = c10::make_intrusive<c10d::TCPStore>(addr, store_options);
+  // Keys of one attempt stay apart from those of a restarted job on the same store.
+  auto store = c10::make_intrusive<c10d::PrefixStore>(
+      "gradcomp/" + env("TORCHELASTIC_RESTART_COUNT", "0"), tcp);
+
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world);
+  if (backend == "gloo") {
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    options->devices.push_back(ifname != nullptr && *ifname != '\0'
+                                   ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+                                   : c10d::ProcessGroupGloo::createDefaultDevice());
+    auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
+    group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+    group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    return group;
+  }
+#if defined(GRADCOMP_HAVE_CUDA) && defined(USE_C10D_NCCL)
+  if (backend == "nccl") {
+    auto options = c10d::ProcessGroupNCCL::Options::create();
+    options->timeout = timeout;
+    auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world, options);
+    group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+    group->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+    return group;
+  }
+#endif
+  GRADCOMP_CHECK(false, "process_group_from_env: backend '" << backend << "' is not available (gloo"
+#if defined(GRADCOMP_HAVE_CUDA) && defined(USE_C10D_NCCL)
+                                                            << ", nccl"
+#endif
+                                                            << ")");
+}
+
+}  // namespace gradcomp

@@ -8,7 +8,7 @@
 using namespace gradcomp;
 
 // Input: 4 control bytes (codec and top-k capacity; payload count and q4 block; size; output
-// dtype), then payload bytes
+// dtype and whether to redo the checksums), then payload bytes
 // shared out between the payloads. Decoders must either throw gradcomp::Error or write within
 // their output; AddressSanitizer reports anything else.
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -17,6 +17,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int payloads = 1 + data[1] % 3;
   const int64_t numel = 1 + (data[2] % 64) * 7;
   const uint8_t dtype = data[3] % 3;
+  // Half the inputs get their checksums redone, so the checks behind them are fuzzed too.
+  const bool reseal = (data[3] & 0x80) != 0;
   data += 4;
   size -= 4;
   try {
@@ -28,7 +30,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<const uint8_t*> ptrs;
   for (int w = 0; w < payloads; ++w) {
     copies.emplace_back(data + w * each, data + (w + 1) * each);  // exact-size heap buffers
-    ptrs.push_back(copies.back().data());
+    std::vector<uint8_t>& c = copies.back();
+    if (reseal && c.size() >= kPayloadHeaderBytes) {
+      const format::PayloadHeader h = format::read_header(c.data());
+      const uint64_t total = format::payload_bytes_of(h);
+      if (total >= kPayloadHeaderBytes && total <= c.size() && total % 4 == 0) {
+        const format::PayloadHeader sealed =
+            format::with_body_checksum(h, format::body_checksum(c.data(), total));
+        std::memcpy(c.data(), &sealed, sizeof sealed);
+      }
+    }
+    ptrs.push_back(c.data());
   }
   std::vector<uint8_t> out(static_cast<size_t>(numel) * (dtype == 0 ? 4 : 2));
   Segment seg{out.data(), 0, numel};

@@ -31,8 +31,8 @@ inline LaunchStatus launched(cudaError_t error) {
 // `max_ctas` bounds the grid so that encoding next to backward leaves SMs free (0 = no bound).
 LaunchStatus run_q4_encode(const Q4EncodeParams& p, int max_ctas, cudaStream_t stream);
 
-// Validates every header on the device into *p.status (which must be zero on entry), then decodes;
-// a non-zero status leaves the output untouched.
+// Validates every header and body checksum on the device into *p.status (which must be zero on
+// entry), then decodes; a non-zero status leaves the output untouched.
 LaunchStatus run_q4_decode(const Q4DecodeParams& p, cudaStream_t stream);
 
 // Bytes p.workspace must hold for a bucket of numel elements: the same buffer serves encode (the
@@ -42,6 +42,10 @@ LaunchStatus run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream);
 
 // *p.status must be zero on entry.
 LaunchStatus run_topk_decode(const TopKDecodeParams& p, cudaStream_t stream);
+
+// Checks payloads of differing element counts into *p.status (zero on entry), so the decodes
+// queued after it write nothing when one is bad.
+LaunchStatus run_check_payloads(const PayloadCheckParams& p, cudaStream_t stream);
 
 // Reads the flag on the device, so the host never waits to choose a bucket's residuals.
 LaunchStatus run_end_bucket(const EndBucketParams& p, cudaStream_t stream);

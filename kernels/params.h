@@ -52,8 +52,9 @@ struct Q4DecodeParams {
   uint8_t dtype = math::kDtypeF32;
   int64_t begin = 0;
   float divisor = 1.0f;
-  int32_t* status = nullptr;      // CUDA: device word receiving the first HeaderStatus seen
+  int32_t* status = nullptr;      // CUDA: device word receiving the first PayloadStatus seen
   uint32_t* nonfinite = nullptr;  // optional: set non-zero when a decoded block is non-finite
+  uint64_t* body_sums = nullptr;  // CUDA: num_payloads zeroed device words
 };
 
 // Selects the top-k |input + residual| of elements [begin, begin + numel) into one payload.
@@ -90,7 +91,22 @@ struct TopKDecodeParams {
   float divisor = 1.0f;
   int32_t* status = nullptr;
   uint32_t* nonfinite = nullptr;
-  void* workspace = nullptr;  // the backend's topk_workspace_bytes(numel)
+  void* workspace = nullptr;      // the backend's topk_workspace_bytes(numel)
+  uint64_t* body_sums = nullptr;  // CUDA: num_payloads zeroed device words
+};
+
+// Checks num_payloads payloads of one codec before any is decoded, payload w holding numel[w]
+// elements (the chunks of a two-phase bucket differ in size): header and body checksum.
+struct PayloadCheckParams {
+  const uint8_t* const* payloads = nullptr;
+  int num_payloads = 0;
+  uint64_t payload_bytes = 0;      // bytes available behind each payload pointer
+  const int64_t* numel = nullptr;  // per payload
+  uint8_t codec = format::kCodecQ4;
+  uint32_t param = 64;  // q4 block size, top-k capacity
+  uint8_t value_dtype = math::kDtypeF32;
+  int32_t* status = nullptr;      // CUDA: the device word that decoders after it read
+  uint64_t* body_sums = nullptr;  // CUDA: num_payloads zeroed device words
 };
 
 // A residual buffer one bucket's reduction wrote (candidate) and the one it started from
@@ -186,6 +202,15 @@ inline const char* params_problem(const TopKDecodeParams& p) {
           decode_problem(p.payloads, p.num_payloads, p.payload_bytes, p.dtype, p.begin, p.numel))
     return d;
   return topk_problem(p.value_dtype, p.numel);
+}
+
+inline const char* params_problem(const PayloadCheckParams& p) {
+  if (p.num_payloads < 1 || p.payloads == nullptr || p.numel == nullptr) return "no payloads";
+  if (p.payload_bytes < kPayloadHeaderBytes) return "payloads are shorter than the 64-byte header";
+  if (p.codec != format::kCodecQ4 && p.codec != format::kCodecTopK) return "unknown codec code";
+  if (p.codec == format::kCodecQ4) return q4_block_problem(p.param);
+  return math::dtype_valid(p.value_dtype) ? nullptr
+                                          : "value dtype code is not float32, float16 or bfloat16";
 }
 
 inline const char* params_problem(const EndBucketParams& p) {

@@ -14,7 +14,7 @@ constexpr uint64_t kPayloadHeaderBytes = 64;
 namespace format {
 
 constexpr uint32_t kPayloadMagic = 0x504D4347u;  // "GCMP" in little-endian byte order
-constexpr uint16_t kFormatVersion = 1;
+constexpr uint16_t kFormatVersion = 2;           // 2: the header carries a checksum of the sections
 constexpr uint64_t kSectionAlign = 16;
 
 // Codec codes; gradcomp::Codec has the same values (static_assert in types.h).
@@ -33,7 +33,7 @@ struct PayloadHeader {
   uint64_t count;  // q4: number of blocks; top-k: entries present (<= capacity)
   uint64_t section0_bytes;
   uint64_t section1_bytes;
-  uint64_t reserved1;
+  uint64_t body_checksum;  // body_checksum() of everything after the header
   uint32_t reserved2;
   uint32_t checksum;  // FNV-1a of the 60 bytes before it
 };
@@ -68,7 +68,7 @@ GRADCOMP_HD PayloadHeader make_q4_header(uint64_t numel, uint32_t block, uint8_t
   h.count = math::q4_num_blocks(numel, block);
   h.section0_bytes = h.count * 4;
   h.section1_bytes = (numel + 1) / 2;
-  h.reserved1 = 0;
+  h.body_checksum = 0;
   h.reserved2 = 0;
   h.checksum = header_checksum(h);
   return h;
@@ -89,7 +89,7 @@ GRADCOMP_HD PayloadHeader make_topk_header(uint64_t numel, uint32_t capacity, ui
   h.count = count;
   h.section0_bytes = (uint64_t)capacity * 4;
   h.section1_bytes = (uint64_t)capacity * math::dtype_bytes(value_dtype);
-  h.reserved1 = 0;
+  h.body_checksum = 0;
   h.reserved2 = 0;
   h.checksum = header_checksum(h);
   return h;
@@ -104,6 +104,41 @@ GRADCOMP_HD uint64_t payload_bytes_of(const PayloadHeader& h) {
   return section1_offset(h) + align_up(h.section1_bytes, kSectionAlign);
 }
 
+// The checksum of a payload's sections: the sum over the little-endian 32-bit words w_i of bytes
+// [64, total) of w_i * (2i + 1), mod 2^64. Every flipped bit changes it (2^b times an odd number
+// is never 0 mod 2^64), as does swapping two different words; and its terms add in any order, so
+// the GPU sums them in parallel.
+GRADCOMP_HD uint64_t body_checksum_term(uint32_t word, uint64_t i) {
+  return (uint64_t)word * (2 * i + 1);
+}
+
+// The whole sum, on one thread (the host's encoders and decoders). total is a multiple of 16.
+GRADCOMP_HD uint64_t body_checksum(const uint8_t* payload, uint64_t total) {
+  uint64_t sum = 0;
+  const uint64_t words = (total - kPayloadHeaderBytes) / 4;
+  for (uint64_t i = 0; i < words; ++i) {
+    uint32_t w;
+    memcpy(&w, payload + kPayloadHeaderBytes + 4 * i, 4);
+    sum += body_checksum_term(w, i);
+  }
+  return sum;
+}
+
+// A header with its body checksum set and the header checksum redone.
+GRADCOMP_HD PayloadHeader with_body_checksum(PayloadHeader h, uint64_t sum) {
+  h.body_checksum = sum;
+  h.checksum = header_checksum(h);
+  return h;
+}
+
+// The layout a decoder expects of a payload of `numel` elements (param: q4 block size or top-k
+// capacity): what check_header compares with and how many bytes the body checksum covers.
+GRADCOMP_HD uint64_t expected_payload_bytes(uint8_t codec, uint64_t numel, uint32_t param,
+                                            uint8_t value_dtype) {
+  return payload_bytes_of(codec == kCodecQ4 ? make_q4_header(numel, param, 0, false)
+                                            : make_topk_header(numel, param, 0, 0, value_dtype));
+}
+
 // Why a decoder refuses a payload (0: it does not). The one list of these codes; the CUDA
 // decoders report them through a device status word.
 enum PayloadStatus : int {
@@ -116,7 +151,8 @@ enum PayloadStatus : int {
   kLayoutMismatch,
   kBadCount,
   kTruncated,
-  kBadIndex,  // a top-k index out of range or out of order
+  kBadIndex,         // a top-k index out of range or out of order
+  kBadBodyChecksum,  // the sections do not match the header's body checksum
 };
 
 // Checks a header against the expected codec, element count, block size or capacity and the
@@ -154,6 +190,14 @@ GRADCOMP_HD void write_header(uint8_t* payload, const PayloadHeader& h) {
   for (uint64_t i = kPayloadHeaderBytes + h.section0_bytes; i < s1; ++i) payload[i] = 0;
   const uint64_t total = payload_bytes_of(h);
   for (uint64_t i = s1 + h.section1_bytes; i < total; ++i) payload[i] = 0;
+}
+
+// The host encoders' last step, once the sections are written: the header with the body
+// checksum, and the padding zeroed.
+inline void seal_payload(uint8_t* payload, const PayloadHeader& h) {
+  write_header(payload, h);
+  const PayloadHeader sealed = with_body_checksum(h, body_checksum(payload, payload_bytes_of(h)));
+  memcpy(payload, &sealed, sizeof sealed);
 }
 
 GRADCOMP_HD PayloadHeader read_header(const uint8_t* payload) {

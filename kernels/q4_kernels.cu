@@ -1,5 +1,6 @@
 // q4 CUDA kernels: fused encode (with error feedback) and decode-sum over W payloads.
 #include "launchers.h"
+#include "payload_kernels.h"
 #include "segment_io.cuh"
 
 namespace gradcomp {
@@ -80,14 +81,6 @@ __global__ void __launch_bounds__(kThreads) q4_encode_kernel(const Q4EncodeParam
   }
 }
 
-__global__ void q4_validate_kernel(const Q4DecodeParams p) {
-  for (int w = threadIdx.x; w < p.num_payloads; w += blockDim.x) {
-    const format::PayloadHeader h = format::read_header(p.payloads[w]);
-    set_status(p.status, format::check_header(h, format::kCodecQ4, p.numel, p.block_size,
-                                              math::kDtypeF32, p.payload_bytes));
-  }
-}
-
 __global__ void __launch_bounds__(kThreads) q4_decode_kernel(const Q4DecodeParams p) {
   if (*p.status != 0) return;
   const int64_t groups = (p.numel + kGroup - 1) / kGroup;
@@ -126,22 +119,29 @@ LaunchStatus run_q4_encode(const Q4EncodeParams& p, int max_ctas, cudaStream_t s
   LaunchStatus s;
   if ((s.rejected = params_problem(p)) != nullptr) return s;
   q4_header_kernel<<<1, 1, 0, stream>>>(p.payload, p.numel, p.block_size, p.dtype, p.stochastic);
-  if ((s.error = cudaGetLastError()) != cudaSuccess || p.numel == 0) return s;
-  const int64_t groups = (p.numel + kGroup - 1) / kGroup;
-  q4_encode_kernel<<<grid_for(groups, kThreads, max_ctas), kThreads, 0, stream>>>(p);
-  s.error = cudaGetLastError();
+  if ((s.error = cudaGetLastError()) != cudaSuccess) return s;
+  if (p.numel > 0) {
+    const int64_t groups = (p.numel + kGroup - 1) / kGroup;
+    q4_encode_kernel<<<grid_for(groups, kThreads, max_ctas), kThreads, 0, stream>>>(p);
+    if ((s.error = cudaGetLastError()) != cudaSuccess) return s;
+  }
+  s.error = detail::launch_seal(
+      p.payload, format::expected_payload_bytes(format::kCodecQ4, p.numel, p.block_size, 0),
+      stream);
   return s;
 }
 
 LaunchStatus run_q4_decode(const Q4DecodeParams& p, cudaStream_t stream) {
   LaunchStatus s;
   if ((s.rejected = params_problem(p)) != nullptr) return s;
-  if (p.status == nullptr) {
-    s.rejected = "no device status word";
+  if (p.status == nullptr || p.body_sums == nullptr) {
+    s.rejected = "no device status word or body-sum words";
     return s;
   }
-  q4_validate_kernel<<<1, 32, 0, stream>>>(p);
-  if ((s.error = cudaGetLastError()) != cudaSuccess || p.numel == 0) return s;
+  s.error = detail::launch_payload_checks(p.payloads, p.num_payloads, nullptr, p.numel,
+                                          format::kCodecQ4, p.block_size, math::kDtypeF32,
+                                          p.payload_bytes, p.body_sums, p.status, stream);
+  if (s.error != cudaSuccess || p.numel == 0) return s;
   const int64_t groups = (p.numel + kGroup - 1) / kGroup;
   q4_decode_kernel<<<grid_for(groups, kThreads, 0), kThreads, 0, stream>>>(p);
   s.error = cudaGetLastError();

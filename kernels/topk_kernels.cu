@@ -5,6 +5,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "launchers.h"
+#include "payload_kernels.h"
 #include "segment_io.cuh"
 
 namespace gradcomp {
@@ -338,20 +339,26 @@ LaunchStatus run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream) {
     if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
   }
   topk_header_kernel<<<1, 1, 0, stream>>>(p, ws);
-  return launched(cudaGetLastError());
+  if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
+  return launched(detail::launch_seal(p.payload, format::payload_bytes_of(h), stream));
 }
 
 LaunchStatus run_topk_decode(const TopKDecodeParams& p, cudaStream_t stream) {
   LaunchStatus s;
   if ((s.rejected = params_problem(p)) != nullptr) return s;
-  if (p.workspace == nullptr || p.status == nullptr) {
-    s.rejected = p.workspace == nullptr ? "no workspace" : "no device status word";
+  if (p.workspace == nullptr || p.status == nullptr || p.body_sums == nullptr) {
+    s.rejected =
+        p.workspace == nullptr ? "no workspace" : "no device status word or body-sum words";
     return s;
   }
   const dim3 grid(static_cast<unsigned>(grid_for(p.capacity, kThreads, 1024)),
                   static_cast<unsigned>(p.num_payloads));
   topk_validate_kernel<<<grid, kThreads, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return launched(err);
+  err = detail::launch_payload_checks(p.payloads, p.num_payloads, nullptr, p.numel,
+                                      format::kCodecTopK, p.capacity, p.value_dtype,
+                                      p.payload_bytes, p.body_sums, p.status, stream);
   if (err != cudaSuccess || p.numel == 0) return launched(err);
   if ((err = cudaMemsetAsync(p.workspace, 0, static_cast<size_t>(p.numel) * 4, stream)) !=
       cudaSuccess)

@@ -41,6 +41,7 @@ class CpuBackend final : public Backend {
     q.nonfinite = &nonfinite_;
     cpu::topk_decode(q);
   }
+  void check_payloads(const PayloadCheckParams& p) override { cpu::check_payloads(p); }
   size_t topk_workspace_bytes(int64_t numel) const override {
     return cpu::topk_workspace_bytes(numel);
   }

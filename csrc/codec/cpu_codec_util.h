@@ -104,14 +104,20 @@ class SegmentView {
   uint8_t dtype_;
 };
 
-// Checks every payload's header against the layout the decoder expects, before anything is
-// written. Payload w came from rank w in every collective.
-inline void validate_payload_headers(const uint8_t* const* payloads, int num_payloads,
-                                     uint64_t payload_bytes, uint8_t codec, uint64_t numel,
-                                     uint32_t param, uint8_t value_dtype, const char* what) {
+// Checks every payload's header and body checksum against the layout the decoder expects,
+// before anything is written. Payload w came from rank w in every collective; numel_of(w) is its
+// element count.
+template <typename NumelOf>
+void validate_payloads(const uint8_t* const* payloads, int num_payloads, uint64_t payload_bytes,
+                       uint8_t codec, NumelOf&& numel_of, uint32_t param, uint8_t value_dtype,
+                       const char* what) {
   for (int w = 0; w < num_payloads; ++w) {
-    const int status = format::check_header(format::read_header(payloads[w]), codec, numel, param,
-                                            value_dtype, payload_bytes);
+    const format::PayloadHeader h = format::read_header(payloads[w]);
+    const uint64_t numel = static_cast<uint64_t>(numel_of(w));
+    int status = format::check_header(h, codec, numel, param, value_dtype, payload_bytes);
+    if (status == format::kPayloadOk &&
+        format::body_checksum(payloads[w], format::payload_bytes_of(h)) != h.body_checksum)
+      status = format::kBadBodyChecksum;
     GRADCOMP_CHECK(status == format::kPayloadOk,
                    what << ": payload " << w << " (from rank " << w
                         << ") rejected: " << payload_status_message(status));

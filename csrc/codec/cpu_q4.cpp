@@ -76,12 +76,14 @@ void q4_encode(const Q4EncodeParams& p, int num_threads) {
         detail::store_floats(p.residual_out, start, n, p.residual_dtype, chunk.residual_out);
     }
   }
+  format::seal_payload(p.payload, h);
 }
 
 void q4_decode(const Q4DecodeParams& p, int num_threads) {
   ::gradcomp::detail::check_params(p, "q4 decode");
-  detail::validate_payload_headers(p.payloads, p.num_payloads, p.payload_bytes, format::kCodecQ4,
-                                   p.numel, p.block_size, math::kDtypeF32, "q4 decode");
+  detail::validate_payloads(
+      p.payloads, p.num_payloads, p.payload_bytes, format::kCodecQ4, [&](int) { return p.numel; },
+      p.block_size, math::kDtypeF32, "q4 decode");
   const uint64_t codes_at = format::section1_offset(format::read_header(p.payloads[0]));
   const int64_t chunk_size = detail::kQ4ChunkElements;
   const int64_t nchunks = (p.numel + chunk_size - 1) / chunk_size;
@@ -114,6 +116,13 @@ void q4_decode(const Q4DecodeParams& p, int num_threads) {
     }
   }
   if (p.nonfinite != nullptr && nonfinite) *p.nonfinite = 1;
+}
+
+void check_payloads(const PayloadCheckParams& p) {
+  ::gradcomp::detail::check_params(p, "payload check");
+  detail::validate_payloads(
+      p.payloads, p.num_payloads, p.payload_bytes, p.codec, [&](int w) { return p.numel[w]; },
+      p.param, p.value_dtype, "payload check");
 }
 
 }  // namespace cpu

@@ -157,15 +157,16 @@ uint64_t topk_encode(const TopKEncodeParams& p) {
     for (const ResidualFix& f : fixes)
       math::store_from_float(p.residual_out, f.index, p.residual_dtype, f.residual);
   }
-  format::write_header(p.payload,
+  format::seal_payload(p.payload,
                        format::make_topk_header(n, p.capacity, written, p.dtype, p.value_dtype));
   return written;
 }
 
 void topk_decode(const TopKDecodeParams& p) {
   ::gradcomp::detail::check_params(p, "top-k decode");
-  detail::validate_payload_headers(p.payloads, p.num_payloads, p.payload_bytes, format::kCodecTopK,
-                                   p.numel, p.capacity, p.value_dtype, "top-k decode");
+  detail::validate_payloads(
+      p.payloads, p.num_payloads, p.payload_bytes, format::kCodecTopK, [&](int) { return p.numel; },
+      p.capacity, p.value_dtype, "top-k decode");
   for (int w = 0; w < p.num_payloads; ++w) {
     const PayloadHeader h = format::read_header(p.payloads[w]);
     const uint32_t* idx = reinterpret_cast<const uint32_t*>(p.payloads[w] + kPayloadHeaderBytes);

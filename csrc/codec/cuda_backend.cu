@@ -127,6 +127,25 @@ class CudaBackend final : public Backend {
     GRADCOMP_CUDA_CHECK(kernels::run_topk_decode(d, stream_));
     GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
+  void check_payloads(const PayloadCheckParams& p) override {
+    check_params(p, "payload check");
+    const size_t ptr_bytes = align(sizeof(void*) * p.num_payloads);
+    const size_t numel_bytes = align(sizeof(int64_t) * p.num_payloads);
+    const size_t bytes = ptr_bytes + numel_bytes + sizeof(uint64_t) * p.num_payloads;
+    TableSlot& slot = acquire_table(bytes);
+    std::memset(slot.host, 0, bytes);
+    std::memcpy(slot.host, p.payloads, sizeof(void*) * p.num_payloads);
+    std::memcpy(slot.host + ptr_bytes, p.numel, sizeof(int64_t) * p.num_payloads);
+    GRADCOMP_CUDA_CHECK(
+        cudaMemcpyAsync(slot.device, slot.host, bytes, cudaMemcpyHostToDevice, stream_));
+    PayloadCheckParams d = p;
+    d.payloads = reinterpret_cast<const uint8_t* const*>(slot.device);
+    d.numel = reinterpret_cast<const int64_t*>(slot.device + ptr_bytes);
+    d.body_sums = reinterpret_cast<uint64_t*>(slot.device + ptr_bytes + numel_bytes);
+    d.status = flags_ + kStatus;
+    GRADCOMP_CUDA_CHECK(kernels::run_check_payloads(d, stream_));
+    GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
+  }
   size_t topk_workspace_bytes(int64_t numel) const override {
     return kernels::topk_workspace_bytes(numel);
   }
@@ -241,20 +260,23 @@ class CudaBackend final : public Backend {
 
   static size_t align(size_t b) { return (b + 15) / 16 * 16; }
 
-  // Copies a decoder's segment table and payload pointer array to the device in one transfer and
-  // points the params at them and at the backend's status words. The caller records slot.done
-  // after its launch.
+  // Copies a decoder's segment table and payload pointer array to the device in one transfer,
+  // with zeroed words for the payloads' body sums, and points the params at them and at the
+  // backend's status words. The caller records slot.done after its launch.
   template <typename Params>
   TableSlot& stage_decode(Params& d) {
     const size_t seg_bytes = align(sizeof(Segment) * d.num_segments);
-    const size_t bytes = seg_bytes + sizeof(void*) * d.num_payloads;
+    const size_t ptr_bytes = align(sizeof(void*) * d.num_payloads);
+    const size_t bytes = seg_bytes + ptr_bytes + sizeof(uint64_t) * d.num_payloads;
     TableSlot& slot = acquire_table(bytes);
+    std::memset(slot.host, 0, bytes);
     std::memcpy(slot.host, d.segments, sizeof(Segment) * d.num_segments);
     std::memcpy(slot.host + seg_bytes, d.payloads, sizeof(void*) * d.num_payloads);
     GRADCOMP_CUDA_CHECK(
         cudaMemcpyAsync(slot.device, slot.host, bytes, cudaMemcpyHostToDevice, stream_));
     d.segments = reinterpret_cast<const Segment*>(slot.device);
     d.payloads = reinterpret_cast<const uint8_t* const*>(slot.device + seg_bytes);
+    d.body_sums = reinterpret_cast<uint64_t*>(slot.device + seg_bytes + ptr_bytes);
     d.status = flags_ + kStatus;
     d.nonfinite = reinterpret_cast<uint32_t*>(flags_ + kNonfinite);
     return slot;

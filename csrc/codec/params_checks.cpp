@@ -67,6 +67,16 @@ void check_params(const TopKDecodeParams& p, const char* what) {
   check_payload_pointers(p.payloads, p.num_payloads, what);
 }
 
+void check_params(const PayloadCheckParams& p, const char* what) {
+  const char* problem = params_problem(p);
+  GRADCOMP_CHECK(problem == nullptr, what << ": " << problem << " (" << p.num_payloads
+                                          << " payloads of " << p.payload_bytes << " bytes)");
+  check_payload_pointers(p.payloads, p.num_payloads, what);
+  for (int w = 0; w < p.num_payloads; ++w)
+    GRADCOMP_CHECK(p.numel[w] >= 0,
+                   what << ": payload " << w << " has element count " << p.numel[w]);
+}
+
 EndBucketParams end_bucket_params(const ResidualPair* pairs, int count, const char* what) {
   EndBucketParams p;
   p.num_pairs = count;

@@ -41,6 +41,8 @@ const char* payload_status_message(int status) {
       return "payload shorter than its header says";
     case format::kBadIndex:
       return "a top-k index is out of range or out of order";
+    case format::kBadBodyChecksum:
+      return "body checksum mismatch (corrupted sections)";
   }
   return "unknown payload status";
 }
@@ -53,7 +55,8 @@ PayloadInfo inspect_payload(const uint8_t* payload, uint64_t size) {
   GRADCOMP_CHECK(h.magic == format::kPayloadMagic,
                  "payload: " << payload_status_message(format::kBadMagic));
   GRADCOMP_CHECK(h.version == format::kFormatVersion,
-                 "payload: version " << h.version << " is not supported (expected 1)");
+                 "payload: version " << h.version << " is not supported (expected "
+                                     << format::kFormatVersion << ")");
   GRADCOMP_CHECK(h.checksum == format::header_checksum(h),
                  "payload: " << payload_status_message(format::kBadChecksum));
   GRADCOMP_CHECK(h.codec == format::kCodecQ4 || h.codec == format::kCodecTopK,

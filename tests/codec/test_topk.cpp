@@ -211,10 +211,11 @@ class TopKCorruption : public ::testing::Test {
     for (int64_t i = 0; i < n; ++i)
       ASSERT_EQ(out.get(i), 42.0f) << "output written before validation";
   }
+  // Recomputes the checksums, so that the decoder's deeper checks see the damage.
   void reseal(std::vector<uint8_t>& p) {
     format::PayloadHeader h;
     std::memcpy(&h, p.data(), 64);
-    h.checksum = format::header_checksum(h);
+    h = format::with_body_checksum(h, format::body_checksum(p.data(), p.size()));
     std::memcpy(p.data(), &h, 64);
   }
   const int64_t n = 2000, k = 20;
@@ -225,6 +226,8 @@ class TopKCorruption : public ::testing::Test {
 TEST_F(TopKCorruption, IndexOutOfRange) {
   auto p = enc.payload;
   reinterpret_cast<uint32_t*>(p.data() + 64)[5] = 2000;
+  expect_rejected(p, p.size(), "body checksum");
+  reseal(p);
   expect_rejected(p, p.size(), "outside [0, 2000)");
 }
 
@@ -232,7 +235,15 @@ TEST_F(TopKCorruption, IndicesOutOfOrder) {
   auto p = enc.payload;
   auto* idx = reinterpret_cast<uint32_t*>(p.data() + 64);
   std::swap(idx[3], idx[4]);
+  expect_rejected(p, p.size(), "body checksum");
+  reseal(p);
   expect_rejected(p, p.size(), "strictly increasing");
+}
+
+TEST_F(TopKCorruption, AFlippedValueBitIsRefused) {
+  auto p = enc.payload;
+  p.at(p.size() - 20) ^= 0x08;  // inside the values section
+  expect_rejected(p, p.size(), "body checksum");
 }
 
 TEST_F(TopKCorruption, CountBeyondCapacity) {

@@ -259,6 +259,26 @@ inline std::vector<BadParamsCase> bad_params_cases() {
          d.ptrs[0] = nullptr;
          b.topk_decode(d.p);
        }},
+      {"payload check no payloads", "no payloads",
+       [](Backend& b, M m) {
+         const uint8_t* ptrs[1] = {m.payload};
+         PayloadCheckParams c;
+         c.payloads = ptrs;
+         c.payload_bytes = bad_params_payload_bytes();
+         b.check_payloads(c);
+       }},
+      {"payload check codec", "unknown codec",
+       [](Backend& b, M m) {
+         const uint8_t* ptrs[1] = {m.payload};
+         const int64_t numel[1] = {kBadParamsNumel};
+         PayloadCheckParams c;
+         c.payloads = ptrs;
+         c.num_payloads = 1;
+         c.payload_bytes = bad_params_payload_bytes();
+         c.numel = numel;
+         c.codec = 9;
+         b.check_payloads(c);
+       }},
       {"end_bucket pairs", "kMaxPairs",
        [](Backend& b, M) {
          ResidualPair pairs[3];

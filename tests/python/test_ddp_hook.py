@@ -104,9 +104,11 @@ def test_decompress_rejects_corrupt_payloads():
         gradcomp.decompress(bad)
     with pytest.raises(RuntimeError, match="shorter"):
         gradcomp.decompress(payload[:30])
+    # A changed body fails its checksum before any index is used; an index out of range behind
+    # a valid checksum is refused too (tests/codec/test_topk.cpp, TopKCorruption).
     idx = payload[64:64 + 4 * 50].view(torch.int32)
     idx[3] = 5000
-    with pytest.raises(RuntimeError, match="outside"):
+    with pytest.raises(RuntimeError, match="body checksum"):
         gradcomp.decompress(payload)
 
 

@@ -28,6 +28,10 @@ class Backend {
   virtual void q4_decode(const Q4DecodeParams& p) = 0;
   virtual void topk_encode(const TopKEncodeParams& p) = 0;
   virtual void topk_decode(const TopKDecodeParams& p) = 0;
+  // Checks payloads whose element counts differ (header and body checksum) before any of them is
+  // decoded, so a bad one leaves every output untouched: throws naming its rank (CPU), or sets
+  // the status word that later decodes read and take_decode_status() reports (CUDA).
+  virtual void check_payloads(const PayloadCheckParams& p) = 0;
   // The top-k workspace a bucket of numel elements needs: the memory TopKEncodeParams::workspace
   // and TopKDecodeParams::workspace point to (one buffer serves both).
   virtual size_t topk_workspace_bytes(int64_t numel) const = 0;

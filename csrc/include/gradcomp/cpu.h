@@ -25,7 +25,8 @@ void set_active_isa(Isa isa);
 // num_threads splits blocks over threads.
 void q4_encode(const Q4EncodeParams& params, int num_threads = 1);
 
-// Validates every payload header first; on any mismatch throws Error and writes nothing.
+// Validates every payload (header and body checksum) first; on any mismatch throws Error and
+// writes nothing.
 void q4_decode(const Q4DecodeParams& params, int num_threads = 1);
 
 // Bytes of the top-k workspace (params.workspace) on the CPU: the fp32 sums of numel elements.
@@ -39,6 +40,10 @@ uint64_t topk_encode(const TopKEncodeParams& params);
 
 // Validates every header and every index (in range, strictly increasing) before writing.
 void topk_decode(const TopKDecodeParams& params);
+
+// Checks payloads of differing element counts (header and body checksum) before any is decoded;
+// throws Error naming the first bad one's rank.
+void check_payloads(const PayloadCheckParams& params);
 
 }  // namespace cpu
 }  // namespace gradcomp

@@ -29,6 +29,7 @@ struct PayloadInfo {
 };
 
 // Reads and checks the header (magic, version, checksum, sizes against `size`); throws Error.
+// Only the header is read: the body checksum is checked by the decoders, which read the body.
 PayloadInfo inspect_payload(const uint8_t* payload, uint64_t size);
 
 // Text for a format::PayloadStatus code.

@@ -9,7 +9,6 @@ Runs on CPU with Gloo, or on GPUs with NCCL (one GPU per process) when CUDA is a
 import argparse
 import os
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn

@@ -34,6 +34,8 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWit
   -DGRADCOMP_WITH_CUDA=OFF -DGRADCOMP_BUILD_TESTS=OFF -DGRADCOMP_BUILD_BENCHMARKS=OFF -DGRADCOMP_BUILD_FUZZERS=ON
 cmake --build build-fuzz -j "$jobs"
 rm -rf build-fuzz/corpus && mkdir -p build-fuzz/corpus
+# The committed corpus (fuzz/corpus: a minimized earlier run) plus fresh seeds of valid payloads.
+cp fuzz/corpus/* build-fuzz/corpus/
 ./build-fuzz/fuzz/gradcomp_fuzz_seeds build-fuzz/corpus
 ./build-fuzz/fuzz/gradcomp_fuzz_decode -max_total_time="$fuzz_seconds" -print_final_stats=1 build-fuzz/corpus
 

@@ -62,12 +62,23 @@ uint64_t ddp_bucket_identity(int64_t index, const at::Tensor& buffer,
                          param_shapes);
 }
 
-DdpHook::DdpHook(c10::intrusive_ptr<c10d::ProcessGroup> group, EngineOptions options)
+namespace {
+
+EngineOptions with_world(EngineOptions o, const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+  GRADCOMP_TORCH_CHECK(group, "the DDP model has no process group");
+  o.world_size = group->getSize();
+  return o;
+}
+
+}  // namespace
+
+DdpHook::DdpHook(c10::intrusive_ptr<c10d::ProcessGroup> group, EngineOptions options,
+                 std::chrono::milliseconds timeout, FaultSpec fault)
     : group_(std::move(group)),
       compress_(options.compress),
-      engine_(call_core([&] { return BucketEngine(std::move(options)); })) {
-  GRADCOMP_TORCH_CHECK(group_, "the DDP model has no process group");
-}
+      timeout_(timeout),
+      fault_(std::move(fault)),
+      engine_(call_core([&] { return BucketEngine(with_world(std::move(options), group_)); })) {}
 
 void DdpHook::bind(const at::Tensor& bucket) {
   std::lock_guard<std::mutex> lock(bind_mu_);
@@ -77,7 +88,13 @@ void DdpHook::bind(const at::Tensor& bucket) {
                          *device_, " (its first bucket's device); register one hook per device");
     return;
   }
-  comm_ = std::make_unique<ProcessGroupCommunicator>(group_, device);
+  comm_ = std::make_unique<ProcessGroupCommunicator>(group_, device, timeout_);
+  Communicator* transport = comm_.get();
+  if (fault_.action != FaultSpec::Action::kNone) {
+    faulty_ =
+        call_core([&] { return std::make_unique<FaultInjectingCommunicator>(*comm_, fault_); });
+    transport = faulty_.get();
+  }
   if (compress_ && device.is_cpu()) backend_ = make_cpu_backend(1);
 #if defined(GRADCOMP_HAVE_CUDA)
   if (device.is_cuda()) {
@@ -91,7 +108,7 @@ void DdpHook::bind(const at::Tensor& bucket) {
     }
   }
 #endif
-  call_core([&] { engine_.bind(*comm_, backend_.get()); });
+  call_core([&] { engine_.bind(*transport, backend_.get()); });
   device_ = device;
 }
 

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "gradcomp/fault_injection.h"
 #include "gradcomp/gradcomp.h"
 #include "process_group_communicator.h"
 
@@ -27,7 +28,11 @@ EngineOptions ddp_engine_options(const CodecSpec& codec);
 // this hook, ordered after the stream that filled them, with nothing waiting for the device.
 class DdpHook {
  public:
-  DdpHook(c10::intrusive_ptr<c10d::ProcessGroup> group, EngineOptions options);
+  // `timeout`: the hook's deadline for one collective (0: the process group's). `fault`: for
+  // tests only, a transport fault to inject (gradcomp/fault_injection.h).
+  DdpHook(c10::intrusive_ptr<c10d::ProcessGroup> group, EngineOptions options,
+          std::chrono::milliseconds timeout = std::chrono::milliseconds(0),
+          FaultSpec fault = FaultSpec{});
 
   // The DDP model's parameters in order (the register route): buckets are then recorded by
   // parameter, so the first step after a restart can reduce the layouts the checkpoint saved.
@@ -58,7 +63,10 @@ class DdpHook {
   std::mutex bind_mu_;
   c10::optional<at::Device> device_;
   c10::optional<c10::Stream> cuda_stream_;  // the compression stream
+  std::chrono::milliseconds timeout_;
+  FaultSpec fault_;
   std::unique_ptr<ProcessGroupCommunicator> comm_;
+  std::unique_ptr<FaultInjectingCommunicator> faulty_;
   std::unique_ptr<Backend> backend_;  // this hook's own, so no other caller shares its flags
   // Its own lock: DDP looks parameters up on the autograd thread while the worker reduces.
   mutable std::mutex params_mu_;

@@ -136,7 +136,8 @@ GradSync::Impl::Impl(std::vector<at::Tensor> parameters, std::vector<std::string
   assign_buckets();
 
   EngineOptions engine_opts = engine_options(codec);
-  comm_ = std::make_unique<torch_ext::ProcessGroupCommunicator>(group_, device_);
+  comm_ = std::make_unique<torch_ext::ProcessGroupCommunicator>(group_, device_,
+                                                                options_.collective_timeout);
   if (engine_opts.compress && device_.is_cpu()) backend_ = make_cpu_backend(1);
 #if defined(GRADCOMP_HAVE_CUDA)
   if (device_.is_cuda()) {

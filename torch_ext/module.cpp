@@ -51,6 +51,30 @@ CodecSpec parse_codec(const py::dict& d) {
   return NoCompression{};
 }
 
+// The hook's deadline for one collective, "timeout" in seconds (absent or None: the process
+// group's).
+std::chrono::milliseconds parse_timeout(const py::dict& d) {
+  if (!d.contains("timeout") || d["timeout"].is_none()) return std::chrono::milliseconds(0);
+  const double seconds = d["timeout"].cast<double>();
+  GRADCOMP_TORCH_CHECK(seconds > 0 && seconds < 1e7, "timeout must be positive seconds, got ",
+                       seconds);
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+// For tests: a transport fault to inject, as a dict of FaultSpec's fields.
+FaultSpec parse_fault(const py::dict& d) {
+  FaultSpec f;
+  if (!d.contains("fault") || d["fault"].is_none()) return f;
+  const py::dict spec = d["fault"].cast<py::dict>();
+  f.action = call_core([&] { return FaultSpec::parse_action(spec["action"].cast<std::string>()); });
+  if (spec.contains("collective")) f.collective = spec["collective"].cast<std::string>();
+  if (spec.contains("call")) f.call = spec["call"].cast<uint64_t>();
+  if (spec.contains("rank")) f.rank = spec["rank"].cast<int>();
+  if (spec.contains("after")) f.after = spec["after"].cast<bool>();
+  if (spec.contains("pause_file")) f.pause_file = spec["pause_file"].cast<std::string>();
+  return f;
+}
+
 py::dict stats_dict(const ReductionStats& s) {
   py::dict d;
   d["buckets"] = s.buckets;
@@ -60,6 +84,7 @@ py::dict stats_dict(const ReductionStats& s) {
   d["codec_seconds"] = s.codec_seconds;
   d["comm_seconds"] = s.comm_seconds;
   d["nonfinite_buckets"] = s.nonfinite_buckets;
+  d["max_queued"] = s.max_queued;
   return d;
 }
 
@@ -99,7 +124,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<DdpHook, std::shared_ptr<DdpHook>>(m, "DdpHook")
       .def(py::init([](py::object group, const py::dict& options) {
              auto pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
-             return std::make_shared<DdpHook>(pg, ddp_engine_options(parse_codec(options)));
+             return std::make_shared<DdpHook>(pg, ddp_engine_options(parse_codec(options)),
+                                              parse_timeout(options), parse_fault(options));
            }),
            py::arg("process_group"), py::arg("options"))
       .def(
@@ -124,6 +150,7 @@ PYBIND11_MODULE(_C, m) {
              d["seed"] = s.compression.seed;
              d["step"] = s.compression.step;
              d["started"] = s.started;
+             d["world_size"] = s.world_size;
              d["residuals"] = residual_dict(s.compression.residuals);
              d["chunk_residuals"] = residual_dict(s.compression.chunk_residuals);
              py::dict layouts;
@@ -147,6 +174,7 @@ PYBIND11_MODULE(_C, m) {
              s.compression.residuals = residual_map(d["residuals"].cast<py::dict>());
              s.compression.chunk_residuals = residual_map(d["chunk_residuals"].cast<py::dict>());
              s.started = d["started"].cast<bool>();
+             if (d.contains("world_size")) s.world_size = d["world_size"].cast<int>();
              if (d.contains("layouts")) {
                for (const auto& kv : d["layouts"].cast<py::dict>()) {
                  const py::dict l = kv.second.cast<py::dict>();

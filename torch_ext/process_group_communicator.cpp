@@ -8,8 +8,13 @@ namespace gradcomp {
 namespace torch_ext {
 
 ProcessGroupCommunicator::ProcessGroupCommunicator(c10::intrusive_ptr<c10d::ProcessGroup> group,
-                                                   at::Device device)
-    : group_(std::move(group)), device_(device) {}
+                                                   at::Device device,
+                                                   std::chrono::milliseconds timeout)
+    : group_(std::move(group)), device_(device), timeout_(timeout) {}
+
+void ProcessGroupCommunicator::wait(const c10::intrusive_ptr<c10d::Work>& work) const {
+  work->wait(timeout_);
+}
 
 at::Tensor ProcessGroupCommunicator::wrap(void* p, int64_t numel, at::ScalarType type) const {
   return at::from_blob(p, {numel}, at::TensorOptions().dtype(type).device(device_));
@@ -21,14 +26,14 @@ void ProcessGroupCommunicator::run_all_to_all(const void* send, void* recv, size
   at::Tensor in = wrap(const_cast<void*>(send), total, at::kByte);
   at::Tensor out = wrap(recv, total, at::kByte);
   std::vector<int64_t> splits;
-  group_->all_to_all_single(out, in, splits, splits)->wait();
+  wait(group_->all_to_all_single(out, in, splits, splits));
 }
 
 void ProcessGroupCommunicator::run_all_gather(const void* send, void* recv, size_t bytes) {
   GRADCOMP_PHASE("gradcomp::all_gather");
   at::Tensor in = wrap(const_cast<void*>(send), static_cast<int64_t>(bytes), at::kByte);
   at::Tensor out = wrap(recv, static_cast<int64_t>(bytes) * world_size(), at::kByte);
-  group_->all_gather_single(out, in)->wait();
+  wait(group_->all_gather_single(out, in));
 }
 
 void ProcessGroupCommunicator::run_allreduce_mean(void* data, int64_t numel, DType dtype) {
@@ -36,7 +41,7 @@ void ProcessGroupCommunicator::run_allreduce_mean(void* data, int64_t numel, DTy
   at::Tensor bucket = wrap(data, numel, to_scalar_type(dtype));
   bucket.mul_(1.0 / static_cast<double>(world_size()));
   std::vector<at::Tensor> tensors = {bucket};
-  group_->allreduce(tensors)->wait();
+  wait(group_->allreduce(tensors));
 }
 
 }  // namespace torch_ext

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "gradcomp/communicator.h"
@@ -10,10 +11,13 @@
 namespace gradcomp {
 namespace torch_ext {
 
-// Collectives wait for their c10d work (on CUDA: the work is ordered on the current stream).
+// Collectives wait for their c10d work (on CUDA: the work is ordered on the current stream),
+// at most `timeout` when it is not zero (a deadline of the hook's own, below the process
+// group's timeout; a collective that misses it leaves the group unusable, as a timeout does).
 class ProcessGroupCommunicator final : public Communicator {
  public:
-  ProcessGroupCommunicator(c10::intrusive_ptr<c10d::ProcessGroup> group, at::Device device);
+  ProcessGroupCommunicator(c10::intrusive_ptr<c10d::ProcessGroup> group, at::Device device,
+                           std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
   int rank() const override { return group_->getRank(); }
   int world_size() const override { return group_->getSize(); }
   bool device_memory() const override { return device_.is_cuda(); }
@@ -28,8 +32,11 @@ class ProcessGroupCommunicator final : public Communicator {
  private:
   at::Tensor wrap(void* p, int64_t numel, at::ScalarType type) const;
 
+  void wait(const c10::intrusive_ptr<c10d::Work>& work) const;
+
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   at::Device device_;
+  std::chrono::milliseconds timeout_;
 };
 
 }  // namespace torch_ext

@@ -26,21 +26,33 @@ uint64_t ring_allreduce_bytes(int64_t numel, DType dtype, int world) {
                                static_cast<double>(dtype_size(dtype)));
 }
 
-void Communicator::all_to_all(const void* send, void* recv, size_t bytes_per_rank) {
+// Runs one collective of the transport; its failure (a dead peer, a timeout) becomes an Error
+// naming the collective, its size and this rank.
+template <typename F>
+void Communicator::run(const char* collective, uint64_t bytes, F&& f) {
   ScopedSeconds timed(seconds_);
-  run_all_to_all(send, recv, bytes_per_rank);
+  try {
+    f();
+  } catch (const std::exception& e) {
+    GRADCOMP_CHECK(false, collective << " of " << bytes << " bytes on rank " << rank() << " of "
+                                     << world_size() << " failed: " << e.what());
+  }
+}
+
+void Communicator::all_to_all(const void* send, void* recv, size_t bytes_per_rank) {
+  run("all_to_all", bytes_per_rank * world_size(),
+      [&] { run_all_to_all(send, recv, bytes_per_rank); });
   bytes_sent_ += bytes_per_rank * static_cast<uint64_t>(world_size() - 1);
 }
 
 void Communicator::all_gather(const void* send, void* recv, size_t bytes_per_rank) {
-  ScopedSeconds timed(seconds_);
-  run_all_gather(send, recv, bytes_per_rank);
+  run("all_gather", bytes_per_rank, [&] { run_all_gather(send, recv, bytes_per_rank); });
   bytes_sent_ += bytes_per_rank * static_cast<uint64_t>(world_size() - 1);
 }
 
 void Communicator::allreduce_mean(void* data, int64_t numel, DType dtype) {
-  ScopedSeconds timed(seconds_);
-  run_allreduce_mean(data, numel, dtype);
+  run("allreduce", static_cast<uint64_t>(numel) * dtype_size(dtype),
+      [&] { run_allreduce_mean(data, numel, dtype); });
   bytes_sent_ += ring_allreduce_bytes(numel, dtype, world_size());
 }
 

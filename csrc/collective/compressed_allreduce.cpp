@@ -74,6 +74,19 @@ uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_
   return 2 * others * q4_payload_bytes(chunk, config.q4.block_size);
 }
 
+uint64_t residual_bytes(const CompressionConfig& config, int64_t numel) {
+  return config.error_feedback ? static_cast<uint64_t>(numel) * dtype_size(config.residual_dtype)
+                               : 0;
+}
+
+uint64_t chunk_residual_bytes(const CompressionConfig& config, int64_t numel, int world) {
+  if (!config.error_feedback || config.codec != Codec::kQ4 ||
+      config.q4_algorithm != Q4Algorithm::kTwoPhase)
+    return 0;
+  return static_cast<uint64_t>(q4_chunk_size(numel, world, config.q4.block_size)) *
+         dtype_size(config.residual_dtype);
+}
+
 // ---- the engine -----------------------------------------------------------------------------
 
 struct CompressedAllreduce::Bucket {
@@ -294,8 +307,20 @@ void CompressedAllreduce::run_q4_two_phase(Bucket& b, const Segment* segments, i
   backend_.q4_encode(e);
   comm_.all_gather(b.send.get(), b.gathered.get(), b.slot_bytes);
 
+  // Every rank's chunk is checked before any is decoded, so a bad one leaves the bucket as it was.
+  const std::vector<const uint8_t*> chunks = slots(b.gathered, b.slot_bytes, world);
+  std::vector<int64_t> chunk_sizes(world);
+  for (int w = 0; w < world; ++w) chunk_sizes[w] = chunk_numel(b.numel, b.chunk, w);
+  PayloadCheckParams check;
+  check.payloads = chunks.data();
+  check.num_payloads = world;
+  check.payload_bytes = b.slot_bytes;
+  check.numel = chunk_sizes.data();
+  check.codec = format::kCodecQ4;
+  check.param = static_cast<uint32_t>(config_.q4.block_size);
+  backend_.check_payloads(check);
   for (int w = 0; w < world; ++w) {
-    const uint8_t* p = b.gathered.get() + b.slot_bytes * w;
+    const uint8_t* p = chunks[w];
     backend_.q4_decode(q4_decode_params(&p, 1, b.slot_bytes, chunk_numel(b.numel, b.chunk, w),
                                         config_.q4, segments, num_segments, code, w * b.chunk,
                                         static_cast<float>(world)));
@@ -369,6 +394,16 @@ CompressionState CompressedAllreduce::state() const {
     save(b.chunk_residual[b.current], s.chunk_residuals);
   }
   return s;
+}
+
+void CompressedAllreduce::revert_bucket(uint64_t bucket_id) {
+  auto it = buckets_.find(bucket_id);
+  if (it != buckets_.end() && config_.error_feedback) it->second->current ^= 1;
+}
+
+int64_t CompressedAllreduce::bucket_numel(uint64_t bucket_id) const {
+  auto it = buckets_.find(bucket_id);
+  return it == buckets_.end() ? -1 : it->second->numel;
 }
 
 void CompressedAllreduce::release_bucket(uint64_t bucket_id) {

@@ -1,6 +1,12 @@
 // The bucket engine: step boundaries, the worker thread, stats, the release of buckets a front
 // end stopped using, and checkpoints.
+#if defined(__linux__)
+#include <pthread.h>
+#endif
+
+#include <algorithm>
 #include <chrono>
+#include <iomanip>
 
 #include "gradcomp/engine.h"
 
@@ -13,7 +19,21 @@ void ReductionStats::add(const ReductionStats& o) {
   codec_seconds += o.codec_seconds;
   comm_seconds += o.comm_seconds;
   nonfinite_buckets += o.nonfinite_buckets;
+  max_queued = std::max(max_queued, o.max_queued);
 }
+
+namespace {
+
+void check_same_world(int saved, int job) {
+  GRADCOMP_CHECK(saved == 0 || job == 0 || saved == job,
+                 "the gradcomp state was saved by a job of "
+                     << saved << " ranks; this job has " << job
+                     << ": residuals belong to one rank of one world size and are not "
+                        "redistributed (load it into a job of "
+                     << saved << " ranks, or start without it)");
+}
+
+}  // namespace
 
 uint64_t bucket_identity(int64_t index, int64_t numel, DType dtype,
                          const std::vector<std::vector<int64_t>>& param_shapes) {
@@ -40,6 +60,7 @@ uint64_t bucket_identity(int64_t index, int64_t numel, DType dtype,
 BucketEngine::BucketEngine(EngineOptions options) : options_(std::move(options)) {
   if (options_.compress) options_.config.validate();
   pending_.compression.seed = options_.config.seed;
+  pending_.world_size = options_.world_size;
 }
 
 BucketEngine::~BucketEngine() {
@@ -56,6 +77,7 @@ void BucketEngine::bind(Communicator& comm, Backend* backend) {
   GRADCOMP_CHECK(comm_ == nullptr, "the bucket engine is already bound to a transport");
   GRADCOMP_CHECK(backend != nullptr || !options_.compress,
                  "a compressing bucket engine needs a backend");
+  check_same_world(pending_.world_size, comm.world_size());
   if (options_.compress) {
     allreduce_ = std::make_unique<CompressedAllreduce>(comm, *backend, options_.config);
     allreduce_->load_state(pending_.compression);
@@ -64,11 +86,11 @@ void BucketEngine::bind(Communicator& comm, Backend* backend) {
   backend_ = backend;
   queued_ = backend != nullptr ? backend->is_cuda() : comm.device_memory();
   if (!queued_) worker_ = std::thread([this] { worker_loop(); });
+  bound_ = true;
 }
 
 bool BucketEngine::bound() const {
-  std::lock_guard<std::mutex> lock(state_mu_);
-  return comm_ != nullptr;
+  return bound_;
 }
 
 std::function<void()> BucketEngine::wrapped(std::function<void()> task) const {
@@ -85,6 +107,10 @@ void BucketEngine::submit(BucketRequest bucket, Done done) {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     queue_.push_back(std::move(task));
+    // Kept under the queue's lock, not the state's: the worker holds that one for a whole
+    // reduction, and backward must not wait for it here.
+    max_queued_step_ = std::max<uint64_t>(max_queued_step_, queue_.size());
+    max_queued_total_ = std::max<uint64_t>(max_queued_total_, queue_.size());
   }
   queue_cv_.notify_one();
 }
@@ -95,6 +121,9 @@ void BucketEngine::reduce(const BucketRequest& bucket, Done done) {
 }
 
 void BucketEngine::worker_loop() {
+#if defined(__linux__)
+  pthread_setname_np(pthread_self(), "gradcomp-worker");  // for top, gdb and leak checks
+#endif
   for (;;) {
     std::function<void()> task;
     {
@@ -124,6 +153,7 @@ void BucketEngine::reduce_now(const BucketRequest& bucket, Done done,
     timing.started = std::chrono::steady_clock::now();
     completions = reduce_locked(bucket, done);
     timing.finished = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> stats_lock(stats_mu_);
     timeline_.push_back(timing);
   } catch (...) {
     if (!done) throw;
@@ -165,7 +195,11 @@ BucketEngine::Completions BucketEngine::reduce_locked(const BucketRequest& b, Do
     Completions completions;
     std::exception_ptr error;
     try {
-      reduce_restored_layouts(held);
+      try {
+        reduce_restored_layouts(held);
+      } catch (const std::exception& e) {
+        fail_bucket(b, e);
+      }
       end_step();
     } catch (...) {
       error = std::current_exception();
@@ -175,19 +209,22 @@ BucketEngine::Completions BucketEngine::reduce_locked(const BucketRequest& b, Do
     return completions;
   }
 
-  if (allreduce_) {
-    reduce_segments({Segment{b.data, 0, b.numel}}, b.dtype, b.numel, b.identity);
-  } else {
-    const uint64_t sent0 = comm_->bytes_sent();
-    const double comm0 = comm_->seconds();
-    comm_->allreduce_mean(b.data, b.numel, b.dtype);
-    ReductionStats delta;
-    delta.buckets = 1;
-    delta.bytes_sent = comm_->bytes_sent() - sent0;
-    delta.uncompressed_bytes = ring_allreduce_bytes(b.numel, b.dtype, comm_->world_size());
-    delta.comm_seconds = comm_->seconds() - comm0;
-    step_stats_.add(delta);
-    total_.add(delta);
+  try {
+    if (allreduce_) {
+      reduce_segments({Segment{b.data, 0, b.numel}}, b.dtype, b.numel, b.identity);
+    } else {
+      const uint64_t sent0 = comm_->bytes_sent();
+      const double comm0 = comm_->seconds();
+      comm_->allreduce_mean(b.data, b.numel, b.dtype);
+      ReductionStats delta;
+      delta.buckets = 1;
+      delta.bytes_sent = comm_->bytes_sent() - sent0;
+      delta.uncompressed_bytes = ring_allreduce_bytes(b.numel, b.dtype, comm_->world_size());
+      delta.comm_seconds = comm_->seconds() - comm0;
+      add_stats(delta);
+    }
+  } catch (const std::exception& e) {
+    fail_bucket(b, e);
   }
   step_ids_.insert(b.identity);
   if (b.is_last) end_step();
@@ -196,16 +233,39 @@ BucketEngine::Completions BucketEngine::reduce_locked(const BucketRequest& b, Do
   return completions;
 }
 
+void BucketEngine::fail_bucket(const BucketRequest& b, const std::exception& e) {
+  step_failed_ = true;
+  GRADCOMP_CHECK(false, "bucket " << b.index << " (identity 0x" << std::hex << b.identity
+                                  << std::dec << ", " << b.numel << " elements) of step "
+                                  << (allreduce_ ? allreduce_->step() : 0) << " on rank "
+                                  << comm_->rank() << ": " << e.what());
+}
+
 void BucketEngine::begin_step() {
   // A queued (CUDA) step reports its non-finite buckets and any rejected payload here without
   // waiting: the report asked for at one step boundary is picked up at a later one, once the
   // stream has passed it.
   uint64_t nonfinite = 0;
   if (allreduce_ && queued_ && allreduce_->poll(&nonfinite)) {
-    step_stats_.nonfinite_buckets += nonfinite;
-    total_.nonfinite_buckets += nonfinite;
+    ReductionStats delta;
+    delta.nonfinite_buckets = nonfinite;
+    add_stats(delta);
   }
-  if (allreduce_) allreduce_->advance_step();
+  if (step_failed_) {
+    // The failed step is undone, so that redoing it computes what it would have computed.
+    if (allreduce_)
+      for (uint64_t id : reduced_this_step_) allreduce_->revert_bucket(id);
+    step_failed_ = false;
+  } else if (allreduce_) {
+    allreduce_->advance_step();
+  }
+  reduced_this_step_.clear();
+  std::lock_guard<std::mutex> stats_lock(stats_mu_);
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    step_stats_.max_queued = max_queued_step_;
+    max_queued_step_ = 0;
+  }
   last_step_ = step_stats_;
   step_stats_ = ReductionStats{};
   last_timeline_ = std::move(timeline_);
@@ -224,6 +284,7 @@ void BucketEngine::reduce_segments(const std::vector<Segment>& segments, DType d
   } else {
     finite = allreduce_->allreduce(segments.data(), n, dtype, identity);
   }
+  reduced_this_step_.push_back(identity);
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ReductionStats delta;
   delta.buckets = 1;
@@ -232,13 +293,23 @@ void BucketEngine::reduce_segments(const std::vector<Segment>& segments, DType d
   delta.comm_seconds = comm_->seconds() - comm0;
   delta.codec_seconds = total - delta.comm_seconds;
   delta.nonfinite_buckets = finite ? 0 : 1;
+  add_stats(delta);
+}
+
+void BucketEngine::add_stats(const ReductionStats& delta) {
+  std::lock_guard<std::mutex> lock(stats_mu_);
   step_stats_.add(delta);
   total_.add(delta);
 }
 
 void BucketEngine::end_step() {
   // A front end that rebuilds its buckets (DDP after its first iteration) would otherwise leave
-  // the old buckets' buffers and stale residuals behind, and a checkpoint would carry them.
+  // the old buckets' buffers and stale residuals behind, and a checkpoint would carry them. A
+  // failed step says nothing about the layout in use (and its failed bucket kept its residual).
+  if (step_failed_) {
+    step_ids_.clear();
+    return;
+  }
   if (allreduce_ && !last_step_ids_.empty() && step_ids_ != last_step_ids_) {
     for (uint64_t id : last_step_ids_) {
       if (step_ids_.count(id) == 0) {
@@ -252,18 +323,26 @@ void BucketEngine::end_step() {
 }
 
 ReductionStats BucketEngine::last_step_stats() const {
-  std::lock_guard<std::mutex> lock(state_mu_);
-  return step_stats_.buckets > 0 ? step_stats_ : last_step_;
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  ReductionStats s = step_stats_.buckets > 0 ? step_stats_ : last_step_;
+  if (step_stats_.buckets > 0) {
+    std::lock_guard<std::mutex> queue_lock(queue_mu_);
+    s.max_queued = max_queued_step_;
+  }
+  return s;
 }
 
 std::vector<BucketTiming> BucketEngine::step_timeline() const {
-  std::lock_guard<std::mutex> lock(state_mu_);
+  std::lock_guard<std::mutex> lock(stats_mu_);
   return timeline_.empty() ? last_timeline_ : timeline_;
 }
 
 ReductionStats BucketEngine::total_stats() const {
-  std::lock_guard<std::mutex> lock(state_mu_);
-  return total_;
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  ReductionStats s = total_;
+  std::lock_guard<std::mutex> queue_lock(queue_mu_);
+  s.max_queued = max_queued_total_;
+  return s;
 }
 
 bool BucketEngine::started() const {
@@ -276,6 +355,7 @@ EngineState BucketEngine::state() const {
   EngineState s;
   s.compression = allreduce_ ? allreduce_->state() : pending_.compression;
   s.started = started_;
+  s.world_size = comm_ != nullptr ? comm_->world_size() : pending_.world_size;
   // The layouts a restart needs: those of buckets with residuals, including restored ones no
   // step has used yet.
   for (const auto* layouts : {&restored_, &layouts_}) {
@@ -286,11 +366,46 @@ EngineState BucketEngine::state() const {
   return s;
 }
 
-void BucketEngine::load_state(EngineState s) {
-  std::lock_guard<std::mutex> lock(state_mu_);
+void BucketEngine::check_state(const EngineState& s) const {
   GRADCOMP_CHECK(s.compression.seed == options_.config.seed,
                  "checkpoint seed " << s.compression.seed << " differs from the configured seed "
                                     << options_.config.seed);
+  const int world = comm_ != nullptr ? comm_->world_size() : options_.world_size;
+  check_same_world(s.world_size, world);
+  const CompressionConfig& c = options_.config;
+  const bool keeps_residuals = options_.compress && c.error_feedback;
+  const bool keeps_chunks = keeps_residuals && chunk_residual_bytes(c, 1, 1) > 0;
+  const int saved_world = s.world_size > 0 ? s.world_size : world;
+  for (const bool chunk : {false, true}) {
+    const auto& residuals = chunk ? s.compression.chunk_residuals : s.compression.residuals;
+    for (const auto& [id, bytes] : residuals) {
+      GRADCOMP_CHECK(chunk ? keeps_chunks : keeps_residuals,
+                     "the gradcomp state holds " << (chunk ? "chunk residuals" : "residuals")
+                                                 << " (bucket 0x" << std::hex << id << std::dec
+                                                 << "), which this configuration does not keep");
+      // The bucket's size: from the saved layout, or from this engine's own bucket of that
+      // identity; without either (or a world size, for chunks) it is checked at first use.
+      int64_t numel = allreduce_ ? allreduce_->bucket_numel(id) : -1;
+      auto layout = s.layouts.find(id);
+      if (layout != s.layouts.end()) {
+        numel = 0;
+        for (const auto& param : layout->second.params) numel += param.second;
+      }
+      if (numel < 0 || (chunk && saved_world == 0)) continue;
+      const uint64_t expect =
+          chunk ? chunk_residual_bytes(c, numel, saved_world) : residual_bytes(c, numel);
+      GRADCOMP_CHECK(bytes.size() == expect,
+                     "the gradcomp state's " << (chunk ? "chunk residual" : "residual")
+                                             << " of bucket 0x" << std::hex << id << std::dec
+                                             << " has " << bytes.size() << " bytes; its layout ("
+                                             << numel << " elements) needs " << expect);
+    }
+  }
+}
+
+void BucketEngine::load_state(EngineState s) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  check_state(s);
   GRADCOMP_CHECK(!restoring_ && held_.empty(),
                  "load_state while the engine holds a step's buckets (call it between steps)");
   restored_.clear();
@@ -299,6 +414,9 @@ void BucketEngine::load_state(EngineState s) {
       restored_.emplace(id, std::move(layout));
   }
   started_ = s.started;
+  step_failed_ = false;
+  reduced_this_step_.clear();
+  if (s.world_size != 0) pending_.world_size = s.world_size;
   if (allreduce_) {
     allreduce_->load_state(s.compression);
   } else {

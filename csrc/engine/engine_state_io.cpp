@@ -101,6 +101,7 @@ std::vector<uint8_t> serialize_engine_state(const EngineState& s) {
   w.put<uint64_t>(s.compression.seed);
   w.put<uint32_t>(s.compression.step);
   w.put<uint8_t>(s.started ? 1 : 0);
+  w.put<int32_t>(s.world_size);
   write_residuals(w, s.compression.residuals);
   write_residuals(w, s.compression.chunk_residuals);
   w.put<uint64_t>(s.layouts.size());
@@ -137,6 +138,8 @@ EngineState parse_engine_state(const uint8_t* data, size_t size) {
   const uint8_t started = r.get<uint8_t>("started");
   GRADCOMP_CHECK(started <= 1, "engine state: 'started' is " << int(started));
   s.started = started == 1;
+  s.world_size = r.get<int32_t>("world size");
+  GRADCOMP_CHECK(s.world_size >= 0, "engine state: world size " << s.world_size);
   s.compression.residuals = read_residuals(r, "residuals");
   s.compression.chunk_residuals = read_residuals(r, "chunk residuals");
   const uint64_t layouts = r.count(25, "layouts");

@@ -19,11 +19,55 @@ from .codecs import NoCompression, Q4, TopK
 __all__ = ["register", "Hook", "HookState", "comm_hook"]
 
 
-def _options(codec) -> dict:
+def _options(codec, timeout=None, fault=None) -> dict:
     codec = Q4() if codec is None else codec
     if not isinstance(codec, (Q4, TopK, NoCompression)):
         raise ValueError(f"codec must be gradcomp.Q4, gradcomp.TopK or gradcomp.NoCompression, got {codec!r}")
-    return codec._options()
+    if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+                                    and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return {**codec._options(), "timeout": timeout, "fault": fault}
+
+
+_STATE_KEYS = {"format": int, "seed": int, "step": int, "started": bool, "residuals": dict,
+               "chunk_residuals": dict}
+
+
+def _check_state_dict(sd) -> None:
+    """Refuses a malformed state dict as a whole, naming what is wrong, before any of it is used
+    (the native side then checks sizes against the saved layouts and the world size)."""
+    if not isinstance(sd, dict):
+        raise ValueError(f"gradcomp state_dict must be a dict, got {type(sd).__name__}")
+    for key, kind in _STATE_KEYS.items():
+        if key not in sd:
+            raise ValueError(f"gradcomp state_dict has no {key!r}")
+        if not isinstance(sd[key], kind) or (kind is int and isinstance(sd[key], bool)):
+            raise ValueError(f"gradcomp state_dict[{key!r}] must be {kind.__name__}, got {type(sd[key]).__name__}")
+    if sd["format"] != 1:
+        raise ValueError(f"gradcomp state_dict format {sd['format']} is not supported (expected 1)")
+    if not 0 <= sd["seed"] < 2**64 or not 0 <= sd["step"] < 2**32:
+        raise ValueError(f"gradcomp state_dict seed {sd['seed']} or step {sd['step']} is out of range")
+    if not isinstance(sd.get("world_size", 0), int) or sd.get("world_size", 0) < 0:
+        raise ValueError(f"gradcomp state_dict world_size {sd.get('world_size')!r} is not a rank count")
+    for key in ("residuals", "chunk_residuals"):
+        for bucket, tensor in sd[key].items():
+            if not isinstance(bucket, int) or not 0 <= bucket < 2**64:
+                raise ValueError(f"gradcomp state_dict[{key!r}] has a bucket key {bucket!r}, not a bucket identity")
+            if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
+                raise ValueError(f"gradcomp state_dict[{key!r}][{bucket}] must be a 1-D uint8 tensor, got "
+                                 f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
+    layouts = sd.get("layouts", {})
+    if not isinstance(layouts, dict):
+        raise ValueError(f"gradcomp state_dict['layouts'] must be a dict, got {type(layouts).__name__}")
+    for bucket, layout in layouts.items():
+        if not isinstance(bucket, int) or not 0 <= bucket < 2**64:
+            raise ValueError(f"gradcomp state_dict['layouts'] has a bucket key {bucket!r}, not a bucket identity")
+        ok = (isinstance(layout, dict) and isinstance(layout.get("index"), int) and layout.get("dtype") in (0, 1, 2)
+              and isinstance(layout.get("params"), list)
+              and all(isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(v, int) and v >= 0 for v in p)
+                      for p in layout["params"]))
+        if not ok:
+            raise ValueError(f"gradcomp state_dict['layouts'][{bucket!r}] is not a bucket layout: {layout!r}")
 
 
 class Hook:
@@ -44,18 +88,23 @@ class Hook:
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restores state saved by ``state_dict`` on the same rank; the run then continues
-        bit-identically to one that never stopped."""
+        bit-identically to one that never stopped. A malformed state, or one saved by a job of
+        another world size, is refused as a whole with a ValueError or RuntimeError."""
+        _check_state_dict(state_dict)
         self._native.load_state_dict(state_dict)
 
 
-def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None) -> Hook:
+def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *, timeout=None,
+             _fault=None) -> Hook:
     """Installs gradcomp as ``ddp_model``'s communication hook (call before the first backward).
 
-    ``codec`` defaults to ``gradcomp.Q4()``. DDP allows one hook per model.
+    ``codec`` defaults to ``gradcomp.Q4()``. DDP allows one hook per model. ``timeout``: seconds
+    one of the hook's collectives may take before it raises (default: the process group's
+    timeout). ``_fault`` is for gradcomp's own tests (a transport fault to inject).
     """
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(f"register expects a DistributedDataParallel model, got {type(ddp_model).__name__}")
-    native = _C.DdpHook(ddp_model.process_group, _options(codec))
+    native = _C.DdpHook(ddp_model.process_group, _options(codec, timeout, _fault))
     # Buckets are recorded by parameter position, so a restart can reduce the saved layout.
     native.set_parameters(list(ddp_model.parameters()))
     _C.install_hook(ddp_model.reducer, native)
@@ -65,8 +114,8 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None) -
 class HookState(Hook):
     """State object for the standard route: ``ddp_model.register_comm_hook(state, comm_hook)``."""
 
-    def __init__(self, codec=None, process_group=None):
-        self._options = _options(codec)
+    def __init__(self, codec=None, process_group=None, *, timeout=None, _fault=None):
+        self._options = _options(codec, timeout, _fault)
         self._group = process_group
         super().__init__(None, Q4() if codec is None else codec)
 

@@ -11,6 +11,7 @@ EngineState sample_state() {
   s.compression.seed = 0x1234567890ull;
   s.compression.step = 41;
   s.started = true;
+  s.world_size = 3;
   s.compression.residuals[7] = {1, 2, 3, 4, 5};
   s.compression.residuals[99] = std::vector<uint8_t>(300, 0xAB);
   s.compression.chunk_residuals[7] = {9, 8};
@@ -23,6 +24,7 @@ void expect_equal(const EngineState& a, const EngineState& b) {
   EXPECT_EQ(a.compression.seed, b.compression.seed);
   EXPECT_EQ(a.compression.step, b.compression.step);
   EXPECT_EQ(a.started, b.started);
+  EXPECT_EQ(a.world_size, b.world_size);
   EXPECT_EQ(a.compression.residuals, b.compression.residuals);
   EXPECT_EQ(a.compression.chunk_residuals, b.compression.chunk_residuals);
   ASSERT_EQ(a.layouts.size(), b.layouts.size());

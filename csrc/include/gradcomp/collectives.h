@@ -31,6 +31,11 @@ struct CompressionConfig {
 // Bytes one rank sends for one allreduce of a bucket of `numel` elements at world size W.
 uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_t numel, int world);
 
+// Bytes of a bucket's residuals (phase 1 / whole bucket, and the own-chunk residual of two-phase
+// q4; 0 when the configuration keeps none), for checking checkpoints.
+uint64_t residual_bytes(const CompressionConfig& config, int64_t numel);
+uint64_t chunk_residual_bytes(const CompressionConfig& config, int64_t numel, int world);
+
 // Per-rank state that must survive a checkpoint for an exact resume.
 struct CompressionState {
   uint64_t seed = 0;
@@ -77,6 +82,12 @@ class CompressedAllreduce {
   // Frees a bucket's buffers and residuals (for a caller whose bucket layout changed for good,
   // as DDP's does after its first iteration), so they are neither kept nor checkpointed.
   void release_bucket(uint64_t bucket_id);
+  // Takes back a bucket's last completed reduction: its residuals return to what they were
+  // before it (for a caller whose step failed after this bucket had completed). Only right once
+  // per completed reduction.
+  void revert_bucket(uint64_t bucket_id);
+  // The element count of a bucket this allreduce has reduced, or -1.
+  int64_t bucket_numel(uint64_t bucket_id) const;
 
  private:
   struct Bucket;

@@ -13,8 +13,8 @@ namespace gradcomp {
 uint64_t ring_allreduce_bytes(int64_t numel, DType dtype, int world);
 
 // Buffers are host memory or device memory as device_memory() says; every rank calls each
-// collective with equal sizes. The public calls count bytes and time; transports implement the
-// protected run_* ones.
+// collective with equal sizes. The public calls count bytes and time and turn a transport's
+// failure into an Error naming the collective; transports implement the protected run_* ones.
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -43,6 +43,9 @@ class Communicator {
   virtual void run_allreduce_mean(void* data, int64_t numel, DType dtype) = 0;
 
  private:
+  template <typename F>
+  void run(const char* collective, uint64_t bytes, F&& f);
+
   uint64_t bytes_sent_ = 0;
   double seconds_ = 0;
 };

@@ -2,6 +2,7 @@
 // bucket layouts and their remapping after a restart, residual lifecycle, stats, checkpoints.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -54,6 +55,7 @@ struct ReductionStats {
   double codec_seconds = 0;         // encode + decode: the time outside the collectives
   double comm_seconds = 0;
   uint64_t nonfinite_buckets = 0;
+  uint64_t max_queued = 0;  // most buckets waiting for the worker at once (a gauge, not a sum)
   void add(const ReductionStats& other);
 };
 
@@ -68,6 +70,7 @@ struct BucketTiming {
 struct EngineState {
   CompressionState compression;
   bool started = false;                      // a step has run (the next bucket 0 starts another)
+  int world_size = 0;                        // of the job that saved it; 0: not recorded
   std::map<uint64_t, BucketLayout> layouts;  // buckets with residuals, by identity
 };
 
@@ -79,6 +82,9 @@ EngineState parse_engine_state(const uint8_t* data, size_t size);
 struct EngineOptions {
   bool compress = true;  // false: a plain averaging allreduce through the same path (A/B runs)
   CompressionConfig config;
+  // The job's world size when known before bind() (a front end that has its process group):
+  // load_state then refuses a checkpoint of another world size at once.
+  int world_size = 0;
   // Called on the thread that hands a bucket in; returns what the reducing thread runs. A front
   // end carries its thread context this way (the torch layer: the profiler's state and a range).
   std::function<std::function<void()>(std::function<void()>)> wrap_task;
@@ -92,7 +98,9 @@ uint64_t bucket_identity(int64_t index, int64_t numel, DType dtype,
 // Averages a step's buckets over the ranks, one at a time in index order. On host memory the
 // reductions run on a worker thread of the engine, so the thread handing buckets in (autograd)
 // never waits for them; on a CUDA backend they are queued in stream order on the calling thread
-// and nothing waits for the device.
+// and nothing waits for the device. A bucket that fails fails its step: when the next step
+// starts, the residuals of the step's other buckets are put back and the step counter stays, so
+// a job that catches the error and redoes the step computes what the step would have.
 class BucketEngine {
  public:
   // Runs once per bucket, on the thread that reduced it: null, or the error that stopped it.
@@ -122,7 +130,8 @@ class BucketEngine {
   ReductionStats total_stats() const;
   std::vector<BucketTiming> step_timeline() const;  // the step in progress, or the last one
   EngineState state() const;
-  // Replaces the state; the next step reduces the saved bucket layouts when its buckets differ.
+  // Replaces the state as a whole, after checking it (seed, world size, residual sizes against the
+  // recorded layouts); the next step reduces the saved bucket layouts when its buckets differ.
   void load_state(EngineState state);
   bool started() const;
 
@@ -138,10 +147,13 @@ class BucketEngine {
   // Returns the buckets whose `done` must run once the lock is released.
   Completions reduce_locked(const BucketRequest& bucket, Done done);
   void begin_step();
+  void check_state(const EngineState& state) const;
+  [[noreturn]] void fail_bucket(const BucketRequest& b, const std::exception& e);
   void reduce_segments(const std::vector<Segment>& segments, DType dtype, int64_t numel,
                        uint64_t identity);
   void reduce_restored_layouts(const std::vector<Held>& held);
   void end_step();
+  void add_stats(const ReductionStats& delta);
   void worker_loop();
   std::function<void()> wrapped(std::function<void()> task) const;
 
@@ -149,24 +161,33 @@ class BucketEngine {
   Communicator* comm_ = nullptr;
   Backend* backend_ = nullptr;
   bool queued_ = false;  // CUDA: reductions are queued in stream order on the calling thread
+  // Set last by bind(): submit() reads it without the state lock, which the worker holds for a
+  // whole reduction.
+  std::atomic<bool> bound_{false};
   std::unique_ptr<CompressedAllreduce> allreduce_;
 
   mutable std::mutex state_mu_;  // everything below up to the queue
   EngineState pending_;          // loaded before bind()
   bool started_ = false;
-  ReductionStats step_stats_, last_step_, total_;
-  std::vector<BucketTiming> timeline_, last_timeline_;
   // Bucket identities of the step in progress and of the last complete one: when they differ
   // (the front end rebuilt its buckets), the buckets no longer used are released.
   std::set<uint64_t> step_ids_, last_step_ids_;
+  bool step_failed_ = false;
+  std::vector<uint64_t> reduced_this_step_;    // completed buckets of the step, for a rollback
   std::map<uint64_t, BucketLayout> layouts_;   // buckets in use, by identity
   std::map<uint64_t, BucketLayout> restored_;  // from load_state, until the next step starts
   bool restoring_ = false;                     // this step's buckets are held back
   std::vector<Held> held_;
 
-  std::mutex queue_mu_;
+  // Taken after the state lock, never held for long: stats are read while a reduction runs.
+  mutable std::mutex stats_mu_;
+  ReductionStats step_stats_, last_step_, total_;
+  std::vector<BucketTiming> timeline_, last_timeline_;
+
+  mutable std::mutex queue_mu_;  // the queue and its high-water marks; taken last
   std::condition_variable queue_cv_;
   std::deque<std::function<void()>> queue_;
+  uint64_t max_queued_step_ = 0, max_queued_total_ = 0;
   bool stopping_ = false;
   std::thread worker_;
 };

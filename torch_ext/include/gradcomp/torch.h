@@ -33,6 +33,9 @@ struct GradSyncOptions {
   bool find_unused_parameters = false;
   // Copies rank 0's parameter values to every rank when the GradSync is made.
   bool broadcast_parameters = true;
+  // The longest one collective may take before finish() raises (0: the process group's
+  // timeout); a collective that misses it leaves the group unusable, as a timeout does.
+  std::chrono::milliseconds collective_timeout{0};
 };
 
 struct GradSyncStats {

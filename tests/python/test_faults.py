@@ -1,0 +1,146 @@
+"""Faults with real processes and real Gloo: a rank killed at each phase, a peer sending bad
+bytes, foreign checkpoints, a slow rank, long runs, hooks coming and going, two models at once,
+and a job restarted by torchrun from its checkpoint (docs/reliability.md)."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from launcher import launch
+
+HERE = pathlib.Path(__file__).resolve().parent
+PG_TIMEOUT = 20  # dead_peer_worker.py's process-group timeout
+
+
+def _start_ranks(tmp_path, world, victim, phase, *extra):
+    return [subprocess.Popen([sys.executable, str(HERE / "dead_peer_worker.py"), str(r), str(world),
+                              str(tmp_path / "store"), str(victim), phase, str(tmp_path / "paused"),
+                              str(tmp_path / f"report{r}.json"), *extra],
+                             cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for r in range(world)]
+
+
+@pytest.mark.parametrize("phase", ["backward", "encode", "all_to_all", "all_gather"])
+def test_a_killed_rank_makes_every_survivor_raise_promptly(tmp_path, phase):
+    world, victim = 3, 1
+    pause = tmp_path / "paused"
+    procs = _start_ranks(tmp_path, world, victim, phase)
+    deadline = time.monotonic() + 120
+    while not pause.exists():
+        assert time.monotonic() < deadline and procs[victim].poll() is None, "the victim never reached its phase"
+        time.sleep(0.05)
+    os.kill(procs[victim].pid, signal.SIGKILL)
+    killed = time.monotonic()
+    for r, p in enumerate(procs):
+        try:
+            p.wait(timeout=PG_TIMEOUT + 30)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"rank {r} hung after its peer died")
+    assert procs[victim].returncode == -signal.SIGKILL
+    for r in range(world):
+        if r == victim:
+            continue
+        assert procs[r].returncode != 0, f"rank {r} exited 0 after its peer died"
+        report = json.loads((tmp_path / f"report{r}.json").read_text())
+        error = report["error"]
+        assert "bucket" in error and "step" in error and any(
+            c in error for c in ("all_to_all", "all_gather", "allreduce")), error
+        assert report["elapsed"] < PG_TIMEOUT + 10, report
+        assert report["workers_while_training"] == 1 and report["workers_after"] == 0, report
+    assert time.monotonic() - killed < PG_TIMEOUT + 25
+
+
+def test_the_hooks_deadline_ends_a_wait_for_a_silent_peer_before_the_groups_timeout(tmp_path):
+    # The victim stops inside its all-to-all and stays alive: only a deadline ends the wait.
+    world, victim, deadline = 3, 1, 2.0
+    procs = _start_ranks(tmp_path, world, victim, "encode", str(deadline))
+    try:
+        for r in range(world):
+            if r != victim:
+                procs[r].wait(timeout=PG_TIMEOUT - 5)
+    finally:
+        for p in procs:
+            p.kill()
+    for r in range(world):
+        if r != victim:
+            report = json.loads((tmp_path / f"report{r}.json").read_text())
+            assert report["elapsed"] < deadline + 5 and "bucket" in report["error"], report
+
+
+@pytest.mark.parametrize("codec,action", [("q4", "flip_bits"), ("q4", "truncate"), ("q4", "replace"),
+                                          ("topk", "flip_bits"), ("topk", "replace")])
+def test_a_peers_bad_bytes_are_refused_by_every_rank_and_a_retry_is_exact(codec, action):
+    assert all(launch("workers_faults", "bad_bytes_are_refused_by_every_rank", 3, codec, action))
+
+
+@pytest.mark.parametrize("codec", ["q4", "topk"])
+def test_malformed_checkpoints_are_refused_as_a_whole(codec):
+    refusals = launch("workers_faults", "foreign_checkpoints_are_refused_whole", 2, codec)[0]
+    messages = dict(refusals)
+    assert "job of 3 ranks" in messages["world size"] and "this job has 2" in messages["world size"], messages
+    assert "1-D uint8" in messages["residual dtype"] and "1-D uint8" in messages["residual shape"], messages
+    assert "bytes" in messages["truncated residual"], messages
+
+
+def test_a_checkpoint_of_another_world_size_is_refused_naming_both(tmp_path):
+    path = tmp_path / "w2.pt"
+    launch("workers_faults", "checkpoint_for_another_world", 2, str(path))
+    message = launch("workers_faults", "load_checkpoint_of_another_world", 3, str(path))[0]
+    assert "job of 2 ranks" in message and "this job has 3" in message, message
+
+
+def test_a_slow_rank_sets_the_pace_without_errors_or_a_growing_queue():
+    fast, slow = launch("workers_faults", "a_slow_rank_sets_the_pace", 2)
+    assert min(fast["times"]) > 0.25, fast  # the fast rank waits for the slow one
+    assert abs(np.median(fast["times"]) - np.median(slow["times"])) < 0.1, (fast, slow)
+    assert fast["max_queued"] <= fast["buckets"], fast
+
+
+@pytest.mark.parametrize("codec", ["q4", "topk"])
+def test_a_long_run_keeps_memory_threads_and_files_flat(codec):
+    for samples in launch("workers_faults", "soak", 2, codec, 2000, timeout=600):
+        (early_rss, early_threads, early_fds), (late_rss, late_threads, late_fds) = samples.values()
+        assert late_rss < early_rss * 1.05, samples
+        assert late_threads == early_threads and late_fds == early_fds, samples
+
+
+def test_hooks_made_and_dropped_two_hundred_times_leak_nothing():
+    for (early_rss, early_threads, early_fds), (late_rss, late_threads, late_fds) in launch(
+            "workers_faults", "hooks_come_and_go", 2, 200, timeout=600):
+        assert late_rss < early_rss * 1.05 and late_threads == early_threads and late_fds == early_fds
+
+
+def test_two_hooked_models_and_user_collectives_do_not_interfere():
+    assert all(launch("workers_faults", "two_models_and_user_collectives", 2))
+
+
+def _torchrun(args, tmp_path, name):
+    port = 29700 + (os.getpid() * 7 + len(name)) % 1000
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--max-restarts=1",
+           "--master-addr=127.0.0.1", f"--master-port={port}", str(HERE / "elastic_train.py"),
+           "--dir", str(tmp_path / name), "--out", str(tmp_path / name / "params")] + args
+    (tmp_path / name).mkdir()
+    proc = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("codec", ["q4", "topk"])
+def test_an_elastic_restart_from_the_checkpoint_ends_bit_identical(tmp_path, codec):
+    common = ["--codec", codec, "--steps", "30", "--every", "5"]
+    _torchrun(common, tmp_path, "uninterrupted")
+    out = _torchrun(common + ["--kill-rank", "1", "--kill-step", "17"], tmp_path, "restarted")
+    assert "attempt 1 finished from step 15" in out, out
+    for rank in range(2):
+        a = np.load(tmp_path / "uninterrupted" / f"params.rank{rank}.npy")
+        b = np.load(tmp_path / "restarted" / f"params.rank{rank}.npy")
+        assert np.array_equal(a.view(np.int32), b.view(np.int32)), f"rank {rank} differs after the restart"

@@ -43,6 +43,12 @@ LaunchStatus run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream);
 // *p.status must be zero on entry.
 LaunchStatus run_topk_decode(const TopKDecodeParams& p, cudaStream_t stream);
 
+// DGC's remedies (params.h): p.scratch (device, (topk_clip_chunks(numel) + 1) floats; a top-k
+// workspace is large enough) is needed when clipping. The mask reads the payload's entry count
+// from its header on the device.
+LaunchStatus run_topk_accumulate(const TopKAccumulateParams& p, cudaStream_t stream);
+LaunchStatus run_topk_mask(const TopKMaskParams& p, cudaStream_t stream);
+
 // Checks payloads of differing element counts into *p.status (zero on entry), so the decodes
 // queued after it write nothing when one is bad.
 LaunchStatus run_check_payloads(const PayloadCheckParams& p, cudaStream_t stream);

@@ -109,6 +109,32 @@ struct PayloadCheckParams {
   uint64_t* body_sums = nullptr;  // CUDA: num_payloads zeroed device words
 };
 
+// DGC's step before a top-k encode (docs/algorithms.md): the bucket's gradient g, clipped when
+// clip_threshold > 0 (g * min(1, clip_threshold / |g|), the norm summed in the fixed order of
+// math::topk_clip_sum), then with momentum > 0 accumulated into the velocity
+// u = momentum * u + g. `out` (fp32, numel elements) receives u, or the clipped g without
+// momentum; it is what the encode then sparsifies. velocity_in may alias out.
+struct TopKAccumulateParams {
+  const Segment* segments = nullptr;
+  int num_segments = 0;
+  uint8_t dtype = math::kDtypeF32;
+  int64_t numel = 0;
+  float momentum = 0.0f;
+  const float* velocity_in = nullptr;  // null: a velocity of zeros (the first step)
+  float clip_threshold = 0.0f;         // 0: no clipping
+  float* out = nullptr;
+  float* scratch = nullptr;  // CUDA, when clipping: (topk_clip_chunks(numel) + 1) floats
+};
+
+// Momentum factor masking: clears `target` (fp32, numel elements) at every index of one top-k
+// payload this rank encoded, so the velocity forgets what was sent.
+struct TopKMaskParams {
+  const uint8_t* payload = nullptr;
+  uint32_t capacity = 1;
+  int64_t numel = 0;
+  float* target = nullptr;
+};
+
 // A residual buffer one bucket's reduction wrote (candidate) and the one it started from
 // (committed).
 struct ResidualPair {
@@ -120,7 +146,7 @@ struct ResidualPair {
 // Ends a bucket's reduction in stream order: when *nonfinite is set, every pair's committed
 // bytes are copied over its candidate and *nonfinite_buckets is incremented.
 struct EndBucketParams {
-  static constexpr int kMaxPairs = 2;
+  static constexpr int kMaxPairs = 3;  // residual, chunk residual, velocity
   ResidualPair pairs[kMaxPairs];
   int num_pairs = 0;
   const uint32_t* nonfinite = nullptr;
@@ -202,6 +228,24 @@ inline const char* params_problem(const TopKDecodeParams& p) {
           decode_problem(p.payloads, p.num_payloads, p.payload_bytes, p.dtype, p.begin, p.numel))
     return d;
   return topk_problem(p.value_dtype, p.numel);
+}
+
+inline const char* params_problem(const TopKAccumulateParams& p) {
+  if (!math::dtype_valid(p.dtype)) return "input dtype code is not float32, float16 or bfloat16";
+  if (p.numel < 0) return "element count is negative";
+  if (p.out == nullptr && p.numel > 0) return "output is null";
+  if (!(p.momentum >= 0.0f && p.momentum < 1.0f)) return "momentum is outside [0, 1)";
+  if (!(p.clip_threshold >= 0.0f) || !math::is_finite_bits(math::float_bits(p.clip_threshold)))
+    return "clip threshold is negative or not finite";
+  return nullptr;
+}
+
+inline const char* params_problem(const TopKMaskParams& p) {
+  if (p.payload == nullptr) return "payload is null";
+  if (p.numel < 0 || p.numel > math::kTopKMaxNumel) return "element count is outside [0, 2^31)";
+  if (p.capacity > static_cast<uint64_t>(p.numel)) return "capacity exceeds the element count";
+  if (p.target == nullptr && p.numel > 0) return "target is null";
+  return nullptr;
 }
 
 inline const char* params_problem(const PayloadCheckParams& p) {

@@ -45,6 +45,11 @@ CodecSpec parse_codec(const py::dict& d) {
     topk.value_dtype = parse_dtype(d["value_dtype"].cast<std::string>(), "value_dtype");
     topk.residual_dtype = parse_dtype(d["residual_dtype"].cast<std::string>(), "residual_dtype");
     topk.seed = d["seed"].cast<uint64_t>();
+    topk.warmup_steps = d["warmup_steps"].cast<uint32_t>();
+    topk.warmup_stages = d["warmup_stages"].cast<uint32_t>();
+    topk.momentum = d["momentum"].cast<float>();
+    topk.momentum_masking = d["momentum_masking"].cast<bool>();
+    topk.clip_norm = d["clip_norm"].cast<float>();
     return topk;
   }
   GRADCOMP_TORCH_CHECK(codec == "none", "unknown codec '", codec, "'");
@@ -153,6 +158,7 @@ PYBIND11_MODULE(_C, m) {
              d["world_size"] = s.world_size;
              d["residuals"] = residual_dict(s.compression.residuals);
              d["chunk_residuals"] = residual_dict(s.compression.chunk_residuals);
+             d["velocities"] = residual_dict(s.compression.velocities);
              py::dict layouts;
              for (const auto& [id, layout] : s.layouts) {
                py::dict l;
@@ -173,6 +179,8 @@ PYBIND11_MODULE(_C, m) {
              s.compression.step = d["step"].cast<uint32_t>();
              s.compression.residuals = residual_map(d["residuals"].cast<py::dict>());
              s.compression.chunk_residuals = residual_map(d["chunk_residuals"].cast<py::dict>());
+             if (d.contains("velocities"))
+               s.compression.velocities = residual_map(d["velocities"].cast<py::dict>());
              s.started = d["started"].cast<bool>();
              if (d.contains("world_size")) s.world_size = d["world_size"].cast<int>();
              if (d.contains("layouts")) {

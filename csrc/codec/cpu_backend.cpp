@@ -42,6 +42,8 @@ class CpuBackend final : public Backend {
     cpu::topk_decode(q);
   }
   void check_payloads(const PayloadCheckParams& p) override { cpu::check_payloads(p); }
+  void topk_accumulate(const TopKAccumulateParams& p) override { cpu::topk_accumulate(p); }
+  void topk_mask(const TopKMaskParams& p) override { cpu::topk_mask(p); }
   size_t topk_workspace_bytes(int64_t numel) const override {
     return cpu::topk_workspace_bytes(numel);
   }

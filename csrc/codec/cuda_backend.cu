@@ -127,6 +127,17 @@ class CudaBackend final : public Backend {
     GRADCOMP_CUDA_CHECK(kernels::run_topk_decode(d, stream_));
     GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
+  void topk_accumulate(const TopKAccumulateParams& p) override {
+    check_params(p, "top-k accumulate");
+    TopKAccumulateParams d = p;
+    TableSlot& slot = stage_segments(d.segments, p.num_segments);
+    GRADCOMP_CUDA_CHECK(kernels::run_topk_accumulate(d, stream_));
+    GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
+  }
+  void topk_mask(const TopKMaskParams& p) override {
+    check_params(p, "top-k mask");
+    GRADCOMP_CUDA_CHECK(kernels::run_topk_mask(p, stream_));
+  }
   void check_payloads(const PayloadCheckParams& p) override {
     check_params(p, "payload check");
     const size_t ptr_bytes = align(sizeof(void*) * p.num_payloads);

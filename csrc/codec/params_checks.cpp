@@ -77,6 +77,20 @@ void check_params(const PayloadCheckParams& p, const char* what) {
                    what << ": payload " << w << " has element count " << p.numel[w]);
 }
 
+void check_params(const TopKAccumulateParams& p, const char* what) {
+  const char* problem = params_problem(p);
+  GRADCOMP_CHECK(problem == nullptr, what << ": " << problem << " (elements " << p.numel
+                                          << ", momentum " << p.momentum << ", clip threshold "
+                                          << p.clip_threshold << ")");
+  check_segments(p.segments, p.num_segments, 0, p.numel, what);
+}
+
+void check_params(const TopKMaskParams& p, const char* what) {
+  const char* problem = params_problem(p);
+  GRADCOMP_CHECK(problem == nullptr, what << ": " << problem << " (elements " << p.numel
+                                          << ", capacity " << p.capacity << ")");
+}
+
 EndBucketParams end_bucket_params(const ResidualPair* pairs, int count, const char* what) {
   EndBucketParams p;
   p.num_pairs = count;

@@ -1,6 +1,7 @@
 // The compressed allreduce of one bucket: q4 two-phase and one-phase, top-k allgather, the
 // buckets' residuals and their checkpoint.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -39,7 +40,10 @@ struct LayoutFingerprint {
   uint8_t residual_dtype;
   uint32_t param;  // q4 block size, top-k capacity
   uint32_t error_feedback;
-  uint64_t reserved[4];
+  uint32_t warmup_steps, warmup_stages;  // top-k remedies
+  uint32_t momentum_bits, clip_bits;
+  uint32_t momentum_masking;
+  uint32_t reserved[3];
   bool operator==(const LayoutFingerprint& o) const { return std::memcmp(this, &o, sizeof o) == 0; }
 };
 static_assert(sizeof(LayoutFingerprint) == 64, "fingerprint is exchanged as 64 bytes");
@@ -51,21 +55,49 @@ std::vector<const uint8_t*> slots(const Buffer& buffer, uint64_t slot_bytes, int
   return from;
 }
 
+int64_t topk_capacity_at(const CompressionConfig& config, int64_t numel, uint32_t step) {
+  TopKOptions at = config.topk;
+  at.ratio = topk_ratio_at(config, step);
+  return topk_capacity(numel, at);
+}
+
 }  // namespace
+
+void TopKRemedies::validate() const {
+  GRADCOMP_CHECK(warmup_stages >= 1 && warmup_stages <= 64,
+                 "TopK warmup_stages must be in [1, 64], got " << warmup_stages);
+  GRADCOMP_CHECK(momentum >= 0.0f && momentum < 1.0f,
+                 "TopK momentum must be in [0, 1), got " << momentum);
+  GRADCOMP_CHECK(clip_norm >= 0.0f && std::isfinite(clip_norm),
+                 "TopK clip_norm must be finite and >= 0 (0: off), got " << clip_norm);
+}
 
 void CompressionConfig::validate() const {
   GRADCOMP_CHECK(codec == Codec::kQ4 || codec == Codec::kTopK, "unknown codec " << int(codec));
   q4.validate();
   topk.validate();
+  remedies.validate();
   GRADCOMP_CHECK(residual_dtype == DType::kFloat32 || residual_dtype == DType::kBFloat16,
                  "residual dtype must be float32 or bfloat16, got " << dtype_name(residual_dtype));
+  GRADCOMP_CHECK(remedies.momentum == 0.0f || error_feedback,
+                 "TopK momentum correction needs error_feedback: the velocity's unsent part is "
+                 "what error feedback accumulates");
 }
 
-uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_t numel,
-                                         int world) {
+double topk_ratio_at(const CompressionConfig& config, uint32_t step) {
+  const TopKRemedies& r = config.remedies;
+  if (step >= r.warmup_steps) return config.topk.ratio;
+  const uint64_t stage = static_cast<uint64_t>(step) * r.warmup_stages / r.warmup_steps;
+  return std::pow(config.topk.ratio,
+                  static_cast<double>(stage + 1) / static_cast<double>(r.warmup_stages + 1));
+}
+
+uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_t numel, int world,
+                                         uint32_t step) {
   const uint64_t others = static_cast<uint64_t>(world - 1);
   if (config.codec == Codec::kTopK) {
-    return others * topk_payload_bytes(topk_capacity(numel, config.topk), config.topk.value_dtype);
+    return others *
+           topk_payload_bytes(topk_capacity_at(config, numel, step), config.topk.value_dtype);
   }
   if (config.q4_algorithm == Q4Algorithm::kOnePhase) {
     return others * q4_payload_bytes(numel, config.q4.block_size);
@@ -77,6 +109,12 @@ uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_
 uint64_t residual_bytes(const CompressionConfig& config, int64_t numel) {
   return config.error_feedback ? static_cast<uint64_t>(numel) * dtype_size(config.residual_dtype)
                                : 0;
+}
+
+uint64_t velocity_bytes(const CompressionConfig& config, int64_t numel) {
+  return config.codec == Codec::kTopK && config.remedies.momentum > 0.0f
+             ? static_cast<uint64_t>(numel) * 4
+             : 0;
 }
 
 uint64_t chunk_residual_bytes(const CompressionConfig& config, int64_t numel, int world) {
@@ -97,6 +135,8 @@ struct CompressedAllreduce::Bucket {
   int current = 0;                          // which residual buffer holds the committed residual
   detail::BackendBuffer residual[2];        // whole bucket (q4 phase 1 / one-phase, top-k)
   detail::BackendBuffer chunk_residual[2];  // own chunk (q4 phase 2)
+  detail::BackendBuffer velocity[2];        // top-k momentum correction, fp32
+  detail::BackendBuffer staged;             // top-k clipping without momentum: the clipped g
   detail::BackendBuffer send, recv, work, gathered, workspace;
   uint64_t slot_bytes = 0;
   int64_t chunk = 0;
@@ -167,11 +207,22 @@ CompressedAllreduce::Bucket& CompressedAllreduce::bucket_for(const Segment* segm
     b->slot_bytes = q4_payload_bytes(numel, config_.q4.block_size);
     b->send = Buffer(backend_, b->slot_bytes);
   } else {
-    b->slot_bytes =
-        topk_payload_bytes(topk_capacity(numel, config_.topk), config_.topk.value_dtype);
+    // The largest payload of the schedule: the warm-up's first stage, or the final ratio.
+    b->slot_bytes = topk_payload_bytes(
+        std::max(topk_capacity_at(config_, numel, 0), topk_capacity_at(config_, numel, ~0u)),
+        config_.topk.value_dtype);
     b->send = Buffer(backend_, b->slot_bytes);
     const size_t ws = backend_.topk_workspace_bytes(numel);
     if (ws > 0) b->workspace = Buffer(backend_, ws);
+    const uint64_t vbytes = velocity_bytes(config_, numel);
+    if (vbytes > 0) {
+      for (auto& v : b->velocity) {
+        v = Buffer(backend_, vbytes);
+        backend_.fill_zero(v.get(), vbytes);
+      }
+    } else if (config_.remedies.clip_norm > 0.0f) {
+      b->staged = Buffer(backend_, static_cast<size_t>(numel) * 4);
+    }
   }
   b->gathered = Buffer(backend_, b->slot_bytes * world);
   // Residuals restored from a checkpoint before this bucket was first seen.
@@ -187,6 +238,7 @@ CompressedAllreduce::Bucket& CompressedAllreduce::bucket_for(const Segment* segm
   };
   restore(pending_.residuals, b->residual, "residual");
   restore(pending_.chunk_residuals, b->chunk_residual, "chunk residual");
+  restore(pending_.velocities, b->velocity, "velocity");
   Bucket& ref = *b;
   buckets_[bucket_id] = std::move(b);
   return ref;
@@ -206,6 +258,14 @@ void CompressedAllreduce::check_layout(const Bucket& b, uint64_t bucket_id) {
                    ? static_cast<uint32_t>(config_.q4.block_size)
                    : static_cast<uint32_t>(topk_capacity(b.numel, config_.topk));
   mine.error_feedback = config_.error_feedback ? 1 : 0;
+  if (config_.codec == Codec::kTopK) {
+    const TopKRemedies& r = config_.remedies;
+    mine.warmup_steps = r.warmup_steps;
+    mine.warmup_stages = r.warmup_stages;
+    std::memcpy(&mine.momentum_bits, &r.momentum, 4);
+    std::memcpy(&mine.clip_bits, &r.clip_norm, 4);
+    mine.momentum_masking = r.momentum_masking ? 1 : 0;
+  }
   const int world = comm_.world_size();
   std::vector<LayoutFingerprint> all(world);
   Buffer send(backend_, sizeof mine), recv(backend_, sizeof mine * world);
@@ -251,7 +311,7 @@ void CompressedAllreduce::enqueue_allreduce(const Segment* segments, int num_seg
   ResidualPair pairs[EndBucketParams::kMaxPairs];
   int count = 0;
   if (config_.error_feedback) {
-    for (Buffer* r : {b.residual, b.chunk_residual}) {
+    for (Buffer* r : {b.residual, b.chunk_residual, b.velocity}) {
       if (r[0].get() == nullptr) continue;
       pairs[count].candidate = r[b.current ^ 1].get();
       pairs[count].committed = r[b.current].get();
@@ -344,35 +404,71 @@ void CompressedAllreduce::run_q4_one_phase(Bucket& b, const Segment* segments, i
 void CompressedAllreduce::run_topk(Bucket& b, const Segment* segments, int num_segments,
                                    DType dtype) {
   const int world = comm_.world_size();
+  const TopKRemedies& remedies = config_.remedies;
   TopKEncodeParams e;
   e.segments = segments;
   e.num_segments = num_segments;
   e.dtype = static_cast<uint8_t>(dtype);
+  // DGC: what is sparsified is the clipped gradient, or the velocity it is accumulated into.
+  Segment accumulated{nullptr, 0, b.numel};
+  if (remedies.any()) {
+    TopKAccumulateParams a;
+    a.segments = segments;
+    a.num_segments = num_segments;
+    a.dtype = e.dtype;
+    a.numel = b.numel;
+    a.momentum = remedies.momentum;
+    if (remedies.momentum > 0.0f) {
+      a.velocity_in = reinterpret_cast<const float*>(b.velocity[b.current].get());
+      a.out = reinterpret_cast<float*>(b.velocity[b.current ^ 1].get());
+    } else {
+      a.out = reinterpret_cast<float*>(b.staged.get());
+    }
+    a.clip_threshold =
+        static_cast<float>(remedies.clip_norm / std::sqrt(static_cast<double>(world)));
+    a.scratch = reinterpret_cast<float*>(b.workspace.get());
+    backend_.topk_accumulate(a);
+    accumulated.data = a.out;
+    e.segments = &accumulated;
+    e.num_segments = 1;
+    e.dtype = math::kDtypeF32;
+  }
   e.numel = b.numel;
   if (config_.error_feedback) {
     e.residual_in = b.residual[b.current].get();
     e.residual_out = b.residual[b.current ^ 1].get();
     e.residual_dtype = static_cast<uint8_t>(config_.residual_dtype);
   }
-  e.k = topk_k(b.numel, config_.topk.ratio);
-  e.capacity = static_cast<uint32_t>(topk_capacity(b.numel, config_.topk));
+  const double ratio = topk_ratio_at(config_, step_);
+  e.k = topk_k(b.numel, ratio);
+  e.capacity = static_cast<uint32_t>(topk_capacity_at(config_, b.numel, step_));
   e.exact = config_.topk.exact;
   e.value_dtype = static_cast<uint8_t>(config_.topk.value_dtype);
   e.payload = b.send.get();
   e.workspace = b.workspace.get();
   backend_.topk_encode(e);
-  comm_.all_gather(b.send.get(), b.gathered.get(), b.slot_bytes);
-  const std::vector<const uint8_t*> from = slots(b.gathered, b.slot_bytes, world);
+  if (remedies.momentum > 0.0f && remedies.momentum_masking) {
+    TopKMaskParams m;
+    m.payload = b.send.get();
+    m.capacity = e.capacity;
+    m.numel = b.numel;
+    m.target = reinterpret_cast<float*>(b.velocity[b.current ^ 1].get());
+    backend_.topk_mask(m);
+  }
+  // This step's payloads: smaller than the slots while the warm-up has not reached the ratio.
+  const uint64_t step_bytes = topk_payload_bytes(e.capacity, config_.topk.value_dtype);
+  comm_.all_gather(b.send.get(), b.gathered.get(), step_bytes);
+  const std::vector<const uint8_t*> from = slots(b.gathered, step_bytes, world);
   TopKDecodeParams d;
   d.payloads = from.data();
   d.num_payloads = world;
-  d.payload_bytes = b.slot_bytes;
+  d.payload_bytes = step_bytes;
   d.numel = b.numel;
   d.capacity = e.capacity;
   d.value_dtype = e.value_dtype;
   d.segments = segments;
   d.num_segments = num_segments;
-  d.dtype = e.dtype;
+  d.dtype = static_cast<uint8_t>(dtype);
   d.divisor = static_cast<float>(world);
   d.workspace = b.workspace.get();
   backend_.topk_decode(d);
@@ -392,6 +488,7 @@ CompressionState CompressedAllreduce::state() const {
     };
     save(b.residual[b.current], s.residuals);
     save(b.chunk_residual[b.current], s.chunk_residuals);
+    save(b.velocity[b.current], s.velocities);
   }
   return s;
 }
@@ -410,6 +507,7 @@ void CompressedAllreduce::release_bucket(uint64_t bucket_id) {
   buckets_.erase(bucket_id);
   pending_.residuals.erase(bucket_id);
   pending_.chunk_residuals.erase(bucket_id);
+  pending_.velocities.erase(bucket_id);
 }
 
 void CompressedAllreduce::load_state(const CompressionState& s) {

@@ -374,15 +374,28 @@ void BucketEngine::check_state(const EngineState& s) const {
   check_same_world(s.world_size, world);
   const CompressionConfig& c = options_.config;
   const bool keeps_residuals = options_.compress && c.error_feedback;
-  const bool keeps_chunks = keeps_residuals && chunk_residual_bytes(c, 1, 1) > 0;
   const int saved_world = s.world_size > 0 ? s.world_size : world;
-  for (const bool chunk : {false, true}) {
-    const auto& residuals = chunk ? s.compression.chunk_residuals : s.compression.residuals;
-    for (const auto& [id, bytes] : residuals) {
-      GRADCOMP_CHECK(chunk ? keeps_chunks : keeps_residuals,
-                     "the gradcomp state holds " << (chunk ? "chunk residuals" : "residuals")
-                                                 << " (bucket 0x" << std::hex << id << std::dec
-                                                 << "), which this configuration does not keep");
+  struct Kind {
+    const char* name;
+    const std::map<uint64_t, std::vector<uint8_t>>* saved;
+    bool kept;
+    bool needs_world;
+    uint64_t (*bytes)(const CompressionConfig&, int64_t, int);
+  };
+  const Kind kinds[] = {
+      {"residual", &s.compression.residuals, keeps_residuals, false,
+       [](const CompressionConfig& cc, int64_t n, int) { return residual_bytes(cc, n); }},
+      {"chunk residual", &s.compression.chunk_residuals,
+       keeps_residuals && chunk_residual_bytes(c, 1, 1) > 0, true, &chunk_residual_bytes},
+      {"velocity", &s.compression.velocities, options_.compress && velocity_bytes(c, 1) > 0, false,
+       [](const CompressionConfig& cc, int64_t n, int) { return velocity_bytes(cc, n); }},
+  };
+  for (const Kind& kind : kinds) {
+    for (const auto& [id, bytes] : *kind.saved) {
+      GRADCOMP_CHECK(kind.kept, "the gradcomp state holds a " << kind.name << " (bucket 0x"
+                                                              << std::hex << id << std::dec
+                                                              << "), which this configuration "
+                                                                 "does not keep");
       // The bucket's size: from the saved layout, or from this engine's own bucket of that
       // identity; without either (or a world size, for chunks) it is checked at first use.
       int64_t numel = allreduce_ ? allreduce_->bucket_numel(id) : -1;
@@ -391,15 +404,23 @@ void BucketEngine::check_state(const EngineState& s) const {
         numel = 0;
         for (const auto& param : layout->second.params) numel += param.second;
       }
-      if (numel < 0 || (chunk && saved_world == 0)) continue;
-      const uint64_t expect =
-          chunk ? chunk_residual_bytes(c, numel, saved_world) : residual_bytes(c, numel);
-      GRADCOMP_CHECK(bytes.size() == expect,
-                     "the gradcomp state's " << (chunk ? "chunk residual" : "residual")
-                                             << " of bucket 0x" << std::hex << id << std::dec
-                                             << " has " << bytes.size() << " bytes; its layout ("
-                                             << numel << " elements) needs " << expect);
+      if (numel < 0 || (kind.needs_world && saved_world == 0)) continue;
+      const uint64_t expect = kind.bytes(c, numel, saved_world);
+      GRADCOMP_CHECK(bytes.size() == expect, "the gradcomp state's "
+                                                 << kind.name << " of bucket 0x" << std::hex << id
+                                                 << std::dec << " has " << bytes.size()
+                                                 << " bytes; its layout (" << numel
+                                                 << " elements) needs " << expect);
     }
+  }
+  // A configuration with momentum correction keeps a velocity beside each residual.
+  if (options_.compress && velocity_bytes(c, 1) > 0) {
+    for (const auto& [id, bytes] : s.compression.residuals)
+      GRADCOMP_CHECK(s.compression.velocities.count(id) != 0,
+                     "the gradcomp state has no velocity for bucket 0x"
+                         << std::hex << id << std::dec
+                         << " (saved without top-k momentum correction?), which this "
+                            "configuration needs");
   }
 }
 

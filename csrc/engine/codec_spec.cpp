@@ -22,6 +22,11 @@ EngineOptions engine_options(const CodecSpec& codec) {
     c.error_feedback = topk->error_feedback;
     c.residual_dtype = topk->residual_dtype;
     c.seed = topk->seed;
+    c.remedies.warmup_steps = topk->warmup_steps;
+    c.remedies.warmup_stages = topk->warmup_stages;
+    c.remedies.momentum = topk->momentum;
+    c.remedies.momentum_masking = topk->momentum_masking;
+    c.remedies.clip_norm = topk->clip_norm;
   } else {
     o.compress = false;
     c.error_feedback = false;

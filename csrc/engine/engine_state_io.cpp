@@ -8,7 +8,7 @@ namespace gradcomp {
 namespace {
 
 constexpr uint32_t kStateMagic = 0x53454347u;  // "GCES" in little-endian byte order
-constexpr uint32_t kStateVersion = 1;
+constexpr uint32_t kStateVersion = 2;          // 2 added the top-k velocities
 
 uint64_t fnv1a64(const uint8_t* p, size_t n) {
   uint64_t h = 1469598103934665603ull;
@@ -104,6 +104,7 @@ std::vector<uint8_t> serialize_engine_state(const EngineState& s) {
   w.put<int32_t>(s.world_size);
   write_residuals(w, s.compression.residuals);
   write_residuals(w, s.compression.chunk_residuals);
+  write_residuals(w, s.compression.velocities);
   w.put<uint64_t>(s.layouts.size());
   for (const auto& [id, layout] : s.layouts) {
     w.put<uint64_t>(id);
@@ -128,8 +129,9 @@ EngineState parse_engine_state(const uint8_t* data, size_t size) {
   GRADCOMP_CHECK(r.get<uint32_t>("magic") == kStateMagic,
                  "not a gradcomp engine state (bad magic)");
   const uint32_t version = r.get<uint32_t>("version");
-  GRADCOMP_CHECK(version == kStateVersion,
-                 "engine state version " << version << " is not supported (expected 1)");
+  GRADCOMP_CHECK(version == 1 || version == kStateVersion,
+                 "engine state version " << version << " is not supported (expected 1 to "
+                                         << kStateVersion << ")");
   GRADCOMP_CHECK(checksum == fnv1a64(data, size - 8),
                  "engine state checksum mismatch: the checkpoint is corrupted");
   EngineState s;
@@ -142,6 +144,7 @@ EngineState parse_engine_state(const uint8_t* data, size_t size) {
   GRADCOMP_CHECK(s.world_size >= 0, "engine state: world size " << s.world_size);
   s.compression.residuals = read_residuals(r, "residuals");
   s.compression.chunk_residuals = read_residuals(r, "chunk residuals");
+  if (version >= 2) s.compression.velocities = read_residuals(r, "velocities");
   const uint64_t layouts = r.count(25, "layouts");
   for (uint64_t i = 0; i < layouts; ++i) {
     const uint64_t id = r.get<uint64_t>("layout");

@@ -3,7 +3,9 @@
 //   python examples/cpp/make_digits.py digits.bin
 //   torchrun --nproc-per-node 2 --no-python ./digits_trainer --data digits.bin --codec q4
 //
-// --codec q4 | topk | none (GradSync without compression) | allreduce (no gradcomp: one blocking
+// --codec q4 | topk | topk-dgc (top-k with DGC's momentum correction, clipping and warm-up; the
+// optimizer is then SGD without momentum) | none (GradSync without compression) | allreduce (no
+// gradcomp: one blocking
 // allreduce per gradient after backward, what C++ programs do without it). The other flags serve
 // the tests and benchmarks: checkpoints, gradient dumps, no_sync accumulation, unused
 // parameters, step timing.
@@ -119,6 +121,15 @@ gradcomp::CodecSpec codec_spec(const Flags& f) {
     topk.seed = seed;
     return topk;
   }
+  if (codec == "topk-dgc") {
+    gradcomp::TopK topk;
+    topk.ratio = f.real("ratio", 0.01);
+    topk.seed = seed;
+    topk.momentum = 0.9f;
+    topk.clip_norm = static_cast<float>(f.real("clip-norm", 5.0));
+    topk.warmup_steps = static_cast<uint32_t>(f.num("sparsity-warmup", 2));
+    return topk;
+  }
   if (codec == "none") return gradcomp::NoCompression{};
   throw std::runtime_error("unknown codec " + codec);
 }
@@ -178,7 +189,10 @@ int run(const Flags& f) {
     torch::load(model, tmp);
   }
   const double lr = f.real("lr", 0.05);
-  torch::optim::SGD opt(params, torch::optim::SGDOptions(lr).momentum(0.9));
+  // Momentum correction applies the momentum in GradSync: the optimizer then has none.
+  const bool dgc = codec == "topk-dgc";
+  torch::optim::SGD opt(params, torch::optim::SGDOptions(lr).momentum(dgc ? 0.0 : 0.9));
+  if (sync) gradcomp::check_optimizer(opt, codec_spec(f));
 
   const int64_t batch = f.num("batch", 32);
   const int64_t per_epoch = x.size(0) / batch;

@@ -44,6 +44,13 @@ GRADCOMP_HD float div_rn(float a, float b) {
   return a / b;
 #endif
 }
+GRADCOMP_HD float sqrt_rn(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return sqrtf(a);  // IEEE 754 requires sqrt correctly rounded
+#endif
+}
 
 GRADCOMP_HD uint32_t float_bits(float f) {
 #if defined(__CUDA_ARCH__)

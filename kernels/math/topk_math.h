@@ -70,5 +70,27 @@ GRADCOMP_HD int64_t topk_sample_rank(int64_t k, int64_t n, int64_t samples) {
   return m < 1 ? 1 : (m > samples ? samples : m);
 }
 
+// ---- DGC's remedies (docs/algorithms.md) ----------------------------------------------------
+
+// Momentum correction: the velocity u = m * u + g, each step rounded on its own.
+GRADCOMP_HD float topk_momentum(float u, float g, float m) {
+  return add_rn(mul_rn(m, u), g);
+}
+
+// Local clipping sums squares in chunks of kTopKClipChunk elements, each chunk in index order,
+// then the chunk sums in chunk order: an order a GPU can follow with one thread per chunk.
+constexpr int64_t kTopKClipChunk = 4096;
+GRADCOMP_HD int64_t topk_clip_chunks(int64_t numel) {
+  return (numel + kTopKClipChunk - 1) / kTopKClipChunk;
+}
+GRADCOMP_HD float topk_clip_sum(float sum, float x) {
+  return add_rn(sum, mul_rn(x, x));
+}
+// The factor a gradient of squared norm `sumsq` is multiplied by: min(1, threshold / norm).
+GRADCOMP_HD float topk_clip_scale(float sumsq, float threshold) {
+  const float norm = sqrt_rn(sumsq);
+  return norm > threshold ? div_rn(threshold, norm) : 1.0f;
+}
+
 }  // namespace math
 }  // namespace gradcomp

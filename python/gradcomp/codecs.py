@@ -69,6 +69,14 @@ class TopK:
 
     ``exact=True`` selects exactly k (ties to the lower index); ``exact=False`` uses a threshold
     estimated from a sample and one pass. ``value_dtype``: torch.float32, float16 or bfloat16.
+
+    Deep Gradient Compression's remedies (docs/algorithms.md), all off by default:
+    ``warmup_steps`` / ``warmup_stages``: the density rises from ratio**(1/(stages+1)) to ``ratio``
+    in ``warmup_stages`` equal stages over the first ``warmup_steps`` steps. ``momentum``: momentum
+    correction; the velocity ``u = momentum * u + g`` is what is accumulated and sparsified, and
+    the optimizer must be SGD with ``momentum=0`` (``gradcomp.check_optimizer``).
+    ``momentum_masking``: sent coordinates are cleared from the velocity too. ``clip_norm``:
+    each rank clips a bucket's gradient to a norm of ``clip_norm / sqrt(world_size)`` first.
     """
 
     ratio: float = 0.01
@@ -77,6 +85,11 @@ class TopK:
     value_dtype: torch.dtype = torch.float32
     residual_dtype: torch.dtype = torch.float32
     seed: int = 0
+    warmup_steps: int = 0
+    warmup_stages: int = 4
+    momentum: float = 0.0
+    momentum_masking: bool = True
+    clip_norm: float = 0.0
 
     def __post_init__(self):
         _check(isinstance(self.ratio, (int, float)) and not isinstance(self.ratio, bool)
@@ -86,11 +99,27 @@ class TopK:
         _dtype_name(self.value_dtype, "TopK value_dtype")
         _dtype_name(self.residual_dtype, "TopK residual_dtype", (torch.float32, torch.bfloat16))
         _check_seed(self.seed)
+        for name in ("warmup_steps", "warmup_stages"):
+            v = getattr(self, name)
+            _check(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32,
+                   f"TopK {name} must be an int in [0, 2**32), got {v!r}")
+        _check(1 <= self.warmup_stages <= 64, f"TopK warmup_stages must be in [1, 64], got {self.warmup_stages!r}")
+        _check(isinstance(self.momentum, (int, float)) and not isinstance(self.momentum, bool)
+               and 0.0 <= float(self.momentum) < 1.0, f"TopK momentum must be in [0, 1), got {self.momentum!r}")
+        _check(isinstance(self.momentum_masking, bool), "TopK momentum_masking must be a bool")
+        _check(isinstance(self.clip_norm, (int, float)) and not isinstance(self.clip_norm, bool)
+               and 0.0 <= float(self.clip_norm) < float("inf"),
+               f"TopK clip_norm must be a finite number >= 0 (0: off), got {self.clip_norm!r}")
+        _check(self.momentum == 0 or self.error_feedback,
+               "TopK momentum correction needs error_feedback=True")
 
     def _options(self) -> dict:
         return {"codec": "topk", "ratio": float(self.ratio), "exact": self.exact,
                 "error_feedback": self.error_feedback, "value_dtype": _DTYPE_NAMES[self.value_dtype],
-                "residual_dtype": _DTYPE_NAMES[self.residual_dtype], "seed": self.seed}
+                "residual_dtype": _DTYPE_NAMES[self.residual_dtype], "seed": self.seed,
+                "warmup_steps": self.warmup_steps, "warmup_stages": self.warmup_stages,
+                "momentum": float(self.momentum), "momentum_masking": self.momentum_masking,
+                "clip_norm": float(self.clip_norm)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from . import _C
 from .codecs import NoCompression, Q4, TopK
 
-__all__ = ["register", "Hook", "HookState", "comm_hook"]
+__all__ = ["register", "Hook", "HookState", "comm_hook", "check_optimizer"]
 
 
 def _options(codec, timeout=None, fault=None) -> dict:
@@ -49,8 +49,10 @@ def _check_state_dict(sd) -> None:
         raise ValueError(f"gradcomp state_dict seed {sd['seed']} or step {sd['step']} is out of range")
     if not isinstance(sd.get("world_size", 0), int) or sd.get("world_size", 0) < 0:
         raise ValueError(f"gradcomp state_dict world_size {sd.get('world_size')!r} is not a rank count")
-    for key in ("residuals", "chunk_residuals"):
-        for bucket, tensor in sd[key].items():
+    if not isinstance(sd.get("velocities", {}), dict):
+        raise ValueError(f"gradcomp state_dict['velocities'] must be a dict, got {type(sd['velocities']).__name__}")
+    for key in ("residuals", "chunk_residuals", "velocities"):
+        for bucket, tensor in sd.get(key, {}).items():
             if not isinstance(bucket, int) or not 0 <= bucket < 2**64:
                 raise ValueError(f"gradcomp state_dict[{key!r}] has a bucket key {bucket!r}, not a bucket identity")
             if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
@@ -94,16 +96,41 @@ class Hook:
         self._native.load_state_dict(state_dict)
 
 
-def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *, timeout=None,
-             _fault=None) -> Hook:
+def check_optimizer(optimizer: torch.optim.Optimizer, codec) -> None:
+    """Raises ValueError when ``optimizer`` does not fit ``codec``'s contract.
+
+    ``TopK(momentum=m)`` (momentum correction) applies the momentum itself and hands the
+    optimizer the sparse, momentum-corrected update: the optimizer must be ``torch.optim.SGD``
+    with ``momentum=0`` in every parameter group (weight decay and learning-rate schedules are
+    fine). Every other codec takes any optimizer.
+    """
+    if not isinstance(codec, TopK) or codec.momentum == 0:
+        return
+    what = f"TopK(momentum={codec.momentum}) applies momentum itself (DGC's momentum correction)"
+    if not isinstance(optimizer, torch.optim.SGD):
+        raise ValueError(f"{what}: the optimizer must be torch.optim.SGD with momentum=0, got "
+                         f"{type(optimizer).__name__} (for Adam-family optimizers use TopK without "
+                         f"momentum; docs/algorithms.md)")
+    for i, group in enumerate(optimizer.param_groups):
+        if group.get("momentum", 0) != 0 or group.get("nesterov", False):
+            raise ValueError(f"{what}: optimizer param group {i} has momentum={group.get('momentum')} "
+                             f"nesterov={group.get('nesterov')}; set momentum=0 (the hook's velocity "
+                             f"replaces it)")
+
+
+def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *, optimizer=None,
+             timeout=None, _fault=None) -> Hook:
     """Installs gradcomp as ``ddp_model``'s communication hook (call before the first backward).
 
-    ``codec`` defaults to ``gradcomp.Q4()``. DDP allows one hook per model. ``timeout``: seconds
+    ``codec`` defaults to ``gradcomp.Q4()``. DDP allows one hook per model. ``optimizer``, when
+    given, is checked against the codec's contract (``check_optimizer``). ``timeout``: seconds
     one of the hook's collectives may take before it raises (default: the process group's
     timeout). ``_fault`` is for gradcomp's own tests (a transport fault to inject).
     """
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(f"register expects a DistributedDataParallel model, got {type(ddp_model).__name__}")
+    if optimizer is not None:
+        check_optimizer(optimizer, Q4() if codec is None else codec)
     native = _C.DdpHook(ddp_model.process_group, _options(codec, timeout, _fault))
     # Buckets are recorded by parameter position, so a restart can reduce the saved layout.
     native.set_parameters(list(ddp_model.parameters()))
@@ -114,7 +141,9 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *
 class HookState(Hook):
     """State object for the standard route: ``ddp_model.register_comm_hook(state, comm_hook)``."""
 
-    def __init__(self, codec=None, process_group=None, *, timeout=None, _fault=None):
+    def __init__(self, codec=None, process_group=None, *, optimizer=None, timeout=None, _fault=None):
+        if optimizer is not None:
+            check_optimizer(optimizer, Q4() if codec is None else codec)
         self._options = _options(codec, timeout, _fault)
         self._group = process_group
         super().__init__(None, Q4() if codec is None else codec)

@@ -1,4 +1,4 @@
 """``gradcomp.torch``: the DDP hook under the name users import (implemented in ``gradcomp.ddp``)."""
-from .ddp import Hook, HookState, comm_hook, register
+from .ddp import Hook, HookState, check_optimizer, comm_hook, register
 
-__all__ = ["register", "Hook", "HookState", "comm_hook"]
+__all__ = ["register", "Hook", "HookState", "comm_hook", "check_optimizer"]

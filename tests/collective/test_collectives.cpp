@@ -9,39 +9,14 @@
 
 #include "gradcomp/collectives.h"
 #include "gradcomp/inprocess_group.h"
+#include "run_ranks.h"
 #include "test_util.h"
 
 namespace gradcomp {
 namespace {
 
 using testing::HostTensor;
-
-// Runs fn(rank, communicator) on one thread per rank; rethrows the first failure.
-void run_ranks(InProcessGroup& group, const std::function<void(int, Communicator&)>& fn,
-               std::vector<std::string>* errors = nullptr) {
-  const int world = group.world_size();
-  std::vector<std::exception_ptr> failures(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(r, group.communicator(r));
-      } catch (...) {
-        failures[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < world; ++r) {
-    if (!failures[r]) continue;
-    if (errors == nullptr) std::rethrow_exception(failures[r]);
-    try {
-      std::rethrow_exception(failures[r]);
-    } catch (const std::exception& e) {
-      errors->push_back(e.what());
-    }
-  }
-}
+using testing::run_ranks;
 
 struct Variant {
   const char* name;

@@ -1,6 +1,7 @@
 // Params that break one rule each, for checking that every backend refuses them alike.
 #pragma once
 
+#include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
@@ -29,6 +30,23 @@ struct BadParamsCase {
 
 inline uint64_t bad_params_payload_bytes() {
   return q4_payload_bytes(kBadParamsNumel, 16);
+}
+
+// A valid accumulate of the case memory but for momentum and clip threshold. The segment table
+// lives in static storage: the params outlive this call.
+inline TopKAccumulateParams accumulate_params(const BadParamsMemory& m, float momentum,
+                                              float clip) {
+  thread_local Segment seg;
+  seg = Segment{m.data, 0, kBadParamsNumel};
+  TopKAccumulateParams p;
+  p.segments = &seg;
+  p.num_segments = 1;
+  p.numel = kBadParamsNumel;
+  p.momentum = momentum;
+  p.clip_threshold = clip;
+  p.out = static_cast<float*>(m.workspace);
+  p.scratch = static_cast<float*>(m.workspace);
+  return p;
 }
 
 // Valid baselines, each case breaking one field.
@@ -281,10 +299,38 @@ inline std::vector<BadParamsCase> bad_params_cases() {
        }},
       {"end_bucket pairs", "kMaxPairs",
        [](Backend& b, M) {
-         ResidualPair pairs[3];
-         b.end_bucket(pairs, 3);
+         ResidualPair pairs[EndBucketParams::kMaxPairs + 1];
+         b.end_bucket(pairs, EndBucketParams::kMaxPairs + 1);
        }},
       {"end_bucket negative", "kMaxPairs", [](Backend& b, M) { b.end_bucket(nullptr, -1); }},
+      {"top-k accumulate momentum 1", "momentum is outside",
+       [](Backend& b, M m) { b.topk_accumulate(accumulate_params(m, 1.0f, 0.0f)); }},
+      {"top-k accumulate negative clip", "clip threshold",
+       [](Backend& b, M m) { b.topk_accumulate(accumulate_params(m, 0.5f, -1.0f)); }},
+      {"top-k accumulate NaN clip", "clip threshold",
+       [](Backend& b, M m) { b.topk_accumulate(accumulate_params(m, 0.5f, NAN)); }},
+      {"top-k accumulate no output", "output is null",
+       [](Backend& b, M m) {
+         TopKAccumulateParams p = accumulate_params(m, 0.5f, 0.0f);
+         p.out = nullptr;
+         b.topk_accumulate(p);
+       }},
+      {"top-k mask capacity", "capacity exceeds",
+       [](Backend& b, M m) {
+         TopKMaskParams p;
+         p.payload = m.payload;
+         p.numel = 10;
+         p.capacity = 11;
+         p.target = static_cast<float*>(m.workspace);
+         b.topk_mask(p);
+       }},
+      {"top-k mask no payload", "payload is null",
+       [](Backend& b, M m) {
+         TopKMaskParams p;
+         p.numel = 10;
+         p.target = static_cast<float*>(m.workspace);
+         b.topk_mask(p);
+       }},
   };
 }
 

@@ -74,8 +74,8 @@ TEST(EngineStateIo, MessagesSayWhatIsWrong) {
   magic[0] ^= 1;
   EXPECT_NE(message(magic).find("bad magic"), std::string::npos);
   std::vector<uint8_t> version = bytes;
-  version[4] = 2;
-  EXPECT_NE(message(version).find("version 2"), std::string::npos);
+  version[4] = 3;
+  EXPECT_NE(message(version).find("version 3"), std::string::npos);
   std::vector<uint8_t> body = bytes;
   body[20] ^= 1;
   EXPECT_NE(message(body).find("checksum"), std::string::npos);

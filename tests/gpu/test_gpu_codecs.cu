@@ -359,14 +359,21 @@ TEST(GpuCollectives, NcclEngineMatchesTheCpuEngine) {
 }
 
 // The queued path (what the DDP hook uses on CUDA) gives the CPU engine's bytes, and a
-// non-finite step keeps the residuals on the device exactly as the CPU engine keeps them.
+// non-finite step keeps the residuals (and top-k velocities) on the device exactly as the CPU
+// engine keeps them. The last configuration runs DGC's remedies: clipping (the fixed-order norm
+// on the device), momentum correction, masking and the warm-up's shrinking payloads.
 TEST(GpuCollectives, QueuedNcclEngineKeepsResidualsOnNonFiniteSteps) {
   SKIP_WITHOUT_GPU();
   OneRankNccl nccl_rank;
-  for (Codec codec : {Codec::kQ4, Codec::kTopK}) {
+  for (int variant = 0; variant < 3; ++variant) {
     CompressionConfig c;
-    c.codec = codec;
+    c.codec = variant == 0 ? Codec::kQ4 : Codec::kTopK;
     c.seed = 11;
+    if (variant == 2) {
+      c.remedies.momentum = 0.9f;
+      c.remedies.clip_norm = 20.0f;
+      c.remedies.warmup_steps = 3;
+    }
     EnginePair engines(nccl_rank, c);
     CompressedAllreduce& gpu_engine = engines.gpu_engine;
     CompressedAllreduce& cpu_engine = engines.cpu_engine;
@@ -392,6 +399,8 @@ TEST(GpuCollectives, QueuedNcclEngineKeepsResidualsOnNonFiniteSteps) {
     const CompressionState gs = gpu_engine.state(), cs = cpu_engine.state();
     EXPECT_EQ(gs.residuals, cs.residuals);
     EXPECT_EQ(gs.chunk_residuals, cs.chunk_residuals);
+    EXPECT_EQ(gs.velocities, cs.velocities);
+    EXPECT_EQ(gs.velocities.empty(), variant != 2);
   }
 }
 

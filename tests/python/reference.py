@@ -132,3 +132,61 @@ class TopKExact:
             res[idx] = acc[idx] - acc[idx]
             self.res[w] = res
         return sums / float(self.world)
+
+
+class TopKDgc:
+    """Top-k with Deep Gradient Compression's remedies (docs/algorithms.md), written plainly:
+    per rank a velocity u and an accumulator v; g clipped to clip_norm / sqrt(W) (squares summed
+    in 4096-element chunks, in order), u = m * u + g, v = v + u, the k largest |v| sent and
+    cleared from v (and from u with masking); k follows the warm-up schedule."""
+
+    def __init__(self, world: int, n: int, ratio: float, momentum=0.0, masking=True, clip_norm=0.0,
+                 warmup_steps=0, warmup_stages=4):
+        import numpy as np  # noqa: PLC0415 (numpy's float32 cumsum adds in order)
+        self.np = np
+        self.world, self.n, self.ratio = world, n, ratio
+        self.m = np.float32(momentum)
+        self.masking, self.clip = masking, np.float32(clip_norm)
+        self.warmup_steps, self.warmup_stages = warmup_steps, warmup_stages
+        self.u = [torch.zeros(n) for _ in range(world)]
+        self.v = [torch.zeros(n) for _ in range(world)]
+
+    def ratio_at(self, step: int) -> float:
+        if step >= self.warmup_steps:
+            return self.ratio
+        stage = step * self.warmup_stages // self.warmup_steps
+        return self.ratio ** ((stage + 1) / (self.warmup_stages + 1))
+
+    def _clipped(self, g: torch.Tensor) -> torch.Tensor:
+        np = self.np
+        if self.clip == 0:
+            return g
+        x = g.numpy()
+        total = np.float32(0)
+        for first in range(0, self.n, 4096):
+            sq = x[first:first + 4096] * x[first:first + 4096]
+            total = np.float32(total + np.cumsum(sq, dtype=np.float32)[-1])
+        threshold = np.float32(np.float64(self.clip) / math.sqrt(self.world))
+        norm = np.sqrt(total)
+        if norm > threshold:
+            return g * torch.tensor(np.float32(threshold / norm))
+        return g
+
+    def step(self, grads, step: int) -> torch.Tensor:
+        k = min(self.n, max(1, math.ceil(self.ratio_at(step) * self.n)))
+        sums = torch.zeros(self.n)
+        for w in range(self.world):
+            g = self._clipped(grads[w])
+            if self.m > 0:
+                self.u[w] = torch.tensor(self.m) * self.u[w] + g
+                acc = self.u[w] + self.v[w]
+            else:
+                acc = g + self.v[w]
+            order = torch.sort(abs_bits(acc), descending=True, stable=True).indices[:k]
+            idx = torch.sort(order).values
+            sums[idx] = sums[idx] + acc[idx]
+            acc[idx] = 0.0
+            self.v[w] = acc
+            if self.m > 0 and self.masking:
+                self.u[w][idx] = 0.0
+        return sums / float(self.world)

@@ -62,7 +62,8 @@ def test_four_ranks_end_with_one_model_and_send_less(data, codec):
     assert 0 < ranks[0]["bytes_sent"] < ranks[0]["uncompressed_bytes"] / 4
 
 
-@pytest.mark.parametrize("world,codec,accumulate", [(2, "q4", 1), (3, "q4", 2), (2, "topk", 1), (3, "topk", 2)])
+@pytest.mark.parametrize("world,codec,accumulate", [(2, "q4", 1), (3, "q4", 2), (2, "topk", 1), (3, "topk", 2),
+                                                    (2, "topk-dgc", 1)])
 def test_averaged_gradients_equal_the_reference_and_the_python_hook(data, tmp_path, world, codec, accumulate):
     steps = 3
     dump, layout_path = tmp_path / "grads", tmp_path / "layout.json"
@@ -76,7 +77,7 @@ def test_averaged_gradients_equal_the_reference_and_the_python_hook(data, tmp_pa
     assert all(launch_python("workers_grad_sync", "python_hook_matches", world, str(dump), layout, steps, codec))
 
 
-@pytest.mark.parametrize("codec", ["q4", "topk"])
+@pytest.mark.parametrize("codec", ["q4", "topk", "topk-dgc"])
 def test_resume_from_a_checkpoint_is_bit_identical(data, tmp_path, codec):
     common = ["--data", data, "--codec", codec, "--steps", 40]
     launch(2, common + ["--params-out", tmp_path / "uninterrupted"])

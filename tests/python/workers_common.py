@@ -10,7 +10,10 @@ import gradcomp.torch as gt
 def codec(name: str):
     return {"q4": gradcomp.Q4(seed=5), "q4_nearest": gradcomp.Q4(rounding="nearest", seed=5),
             "topk": gradcomp.TopK(ratio=0.01), "none": gradcomp.NoCompression(),
-            "topk_no_ef": gradcomp.TopK(ratio=0.01, error_feedback=False)}[name]
+            "topk_no_ef": gradcomp.TopK(ratio=0.01, error_feedback=False),
+            # DGC's remedies: momentum correction, clipping that acts on these gradients, warm-up.
+            "topk_dgc": gradcomp.TopK(ratio=0.01, momentum=0.9, clip_norm=30.0, warmup_steps=2),
+            "topk_dgc_nomask": gradcomp.TopK(ratio=0.01, momentum=0.9, momentum_masking=False)}[name]
 
 
 def grad(rank: int, step: int, n: int) -> torch.Tensor:

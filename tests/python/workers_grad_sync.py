@@ -28,9 +28,15 @@ def bucket_slices(layout: dict):
     return [[(int(starts[p]), int(starts[p] + sizes[p])) for p in bucket] for bucket in layout["buckets"]]
 
 
+def trainer_codec(name: str):
+    """The Python spec of the codec examples/cpp/trainer.cpp runs under --codec `name`."""
+    return {"q4": gradcomp.Q4(), "topk": gradcomp.TopK(ratio=0.01),
+            "topk-dgc": gradcomp.TopK(ratio=0.01, momentum=0.9, clip_norm=5.0, warmup_steps=2)}[name]
+
+
 def python_hook_matches(rank, world, dump, layout, steps, codec_name):
     """The DDP hook's core, given each bucket the trainer reduced, averages it to the same bits."""
-    codec = gradcomp.Q4() if codec_name == "q4" else gradcomp.TopK(ratio=0.01)
+    codec = trainer_codec(codec_name)
     hook = _C.DdpHook(dist.group.WORLD, codec._options())
     total = sum(int(np.prod(s)) for s in layout["shapes"])
     local, averaged = load_dump(f"{dump}.rank{rank}", total, steps)
@@ -54,10 +60,20 @@ def check_against_reference(dump: str, layout: dict, world: int, steps: int, cod
         n = sum(b - a for a, b in slices)
         shapes = [layout["shapes"][p] for p in bucket]
         identity = _C.bucket_identity(index, torch.zeros(n), shapes) & MASK
-        ref = reference.Q4TwoPhase(world, n, seed=0) if codec == "q4" else reference.TopKExact(world, n, 0.01)
+        spec = trainer_codec(codec)
+        if codec == "q4":
+            ref = reference.Q4TwoPhase(world, n, seed=0)
+        elif codec == "topk-dgc":
+            ref = reference.TopKDgc(world, n, spec.ratio, spec.momentum, spec.momentum_masking, spec.clip_norm,
+                                    spec.warmup_steps, spec.warmup_stages)
+        else:
+            ref = reference.TopKExact(world, n, 0.01)
         for step in range(steps):
             grads = [torch.cat([dumps[r][0][step, a:b] for a, b in slices]) for r in range(world)]
-            expect = ref.step(grads, step, identity) if codec == "q4" else ref.step(grads)
+            if codec == "q4":
+                expect = ref.step(grads, step, identity)
+            else:
+                expect = ref.step(grads, step) if codec == "topk-dgc" else ref.step(grads)
             for r in range(world):
                 got = torch.cat([dumps[r][1][step, a:b] for a, b in slices])
                 assert torch.equal(got.view(torch.int32), expect.view(torch.int32)), \

@@ -20,11 +20,20 @@ def reference_equality(rank, world, codec_name, n):
     core = _C.DdpHook(dist.group.WORLD, codec(codec_name)._options())
     shapes = [[n]]
     bucket_id = _C.bucket_identity(0, torch.zeros(n), shapes) & MASK
-    ref = (reference.Q4TwoPhase(world, n, seed=5, stochastic=codec_name == "q4") if codec_name.startswith("q4")
-           else reference.TopKExact(world, n, 0.01))
-    for step in range(3):
+    spec = codec(codec_name)
+    if codec_name.startswith("q4"):
+        ref = reference.Q4TwoPhase(world, n, seed=5, stochastic=codec_name == "q4")
+    elif codec_name.startswith("topk_dgc"):
+        ref = reference.TopKDgc(world, n, spec.ratio, spec.momentum, spec.momentum_masking, spec.clip_norm,
+                                spec.warmup_steps, spec.warmup_stages)
+    else:
+        ref = reference.TopKExact(world, n, 0.01)
+    for step in range(4):
         grads = [grad(r, step, n) for r in range(world)]
-        expect = ref.step(grads, step, bucket_id) if codec_name.startswith("q4") else ref.step(grads)
+        if codec_name.startswith("q4"):
+            expect = ref.step(grads, step, bucket_id)
+        else:
+            expect = ref.step(grads, step) if codec_name.startswith("topk_dgc") else ref.step(grads)
         bucket = grads[rank].clone()
         core.reduce_bucket(bucket, 0, shapes)
         if not torch.equal(bucket.view(torch.int32), expect.view(torch.int32)):

@@ -32,6 +32,10 @@ class Backend {
   // decoded, so a bad one leaves every output untouched: throws naming its rank (CPU), or sets
   // the status word that later decodes read and take_decode_status() reports (CUDA).
   virtual void check_payloads(const PayloadCheckParams& p) = 0;
+  // DGC's remedies around a top-k encode (params.h): clipping and momentum correction before it,
+  // factor masking after it. TopKAccumulateParams::scratch is the backend's to fill in.
+  virtual void topk_accumulate(const TopKAccumulateParams& p) = 0;
+  virtual void topk_mask(const TopKMaskParams& p) = 0;
   // The top-k workspace a bucket of numel elements needs: the memory TopKEncodeParams::workspace
   // and TopKDecodeParams::workspace point to (one buffer serves both).
   virtual size_t topk_workspace_bytes(int64_t numel) const = 0;

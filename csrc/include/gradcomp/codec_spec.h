@@ -17,7 +17,10 @@ struct Q4 {
   uint64_t seed = 0;
 };
 
-// Top-k sparsification of the ceil(ratio * N) largest magnitudes of each bucket.
+// Top-k sparsification of the ceil(ratio * N) largest magnitudes of each bucket, with DGC's
+// remedies (TopKRemedies in collectives.h; docs/algorithms.md): a sparsity warm-up, momentum
+// correction with factor masking (then the optimizer must be SGD without momentum:
+// check_optimizer in gradcomp/torch.h), and local gradient clipping.
 struct TopK {
   double ratio = 0.01;
   bool exact = true;
@@ -25,6 +28,11 @@ struct TopK {
   DType value_dtype = DType::kFloat32;
   DType residual_dtype = DType::kFloat32;
   uint64_t seed = 0;
+  uint32_t warmup_steps = 0;
+  uint32_t warmup_stages = 4;
+  float momentum = 0.0f;
+  bool momentum_masking = true;
+  float clip_norm = 0.0f;
 };
 
 // A plain averaging allreduce through the same path, for A/B runs.

@@ -17,24 +17,47 @@ class BackendBuffer;
 
 enum class Q4Algorithm : uint8_t { kTwoPhase = 0, kOnePhase = 1 };
 
+// Deep Gradient Compression's remedies for top-k (Lin et al. 2018; docs/algorithms.md).
+struct TopKRemedies {
+  // Sparsity warm-up: for step t < warmup_steps the density is ratio^((s + 1) / (stages + 1)) in
+  // stage s = t * warmup_stages / warmup_steps, rising to `ratio` (DGC's exponential schedule).
+  uint32_t warmup_steps = 0;
+  uint32_t warmup_stages = 4;
+  // Momentum correction: the velocity u = momentum * u + g is accumulated and sparsified in
+  // place of g; the optimizer must then apply no momentum of its own. 0: off.
+  float momentum = 0.0f;
+  bool momentum_masking = true;  // clear the sent coordinates from the velocity as well
+  // Local clipping: each rank scales a bucket's gradient to a norm of at most
+  // clip_norm / sqrt(world size) before accumulating it. 0: off.
+  float clip_norm = 0.0f;
+  bool any() const { return momentum > 0.0f || clip_norm > 0.0f; }
+  void validate() const;
+};
+
 struct CompressionConfig {
   Codec codec = Codec::kQ4;
   Q4Options q4;
   Q4Algorithm q4_algorithm = Q4Algorithm::kTwoPhase;
   TopKOptions topk;
+  TopKRemedies remedies;  // top-k only
   bool error_feedback = true;
   DType residual_dtype = DType::kFloat32;
   uint64_t seed = 0;
   void validate() const;
 };
 
+// The top-k ratio at `step` under the sparsity warm-up.
+double topk_ratio_at(const CompressionConfig& config, uint32_t step);
+
 // Bytes one rank sends for one allreduce of a bucket of `numel` elements at world size W.
-uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_t numel, int world);
+uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_t numel, int world,
+                                         uint32_t step = ~0u);
 
 // Bytes of a bucket's residuals (phase 1 / whole bucket, and the own-chunk residual of two-phase
 // q4; 0 when the configuration keeps none), for checking checkpoints.
 uint64_t residual_bytes(const CompressionConfig& config, int64_t numel);
 uint64_t chunk_residual_bytes(const CompressionConfig& config, int64_t numel, int world);
+uint64_t velocity_bytes(const CompressionConfig& config, int64_t numel);
 
 // Per-rank state that must survive a checkpoint for an exact resume.
 struct CompressionState {
@@ -43,6 +66,8 @@ struct CompressionState {
   // Residual bytes per bucket identity: phase-1 (whole bucket) and phase-2 (own chunk).
   std::map<uint64_t, std::vector<uint8_t>> residuals;
   std::map<uint64_t, std::vector<uint8_t>> chunk_residuals;
+  // Top-k momentum correction: the fp32 velocity per bucket.
+  std::map<uint64_t, std::vector<uint8_t>> velocities;
 };
 
 // Averages a bucket over all ranks through a compressed collective, in place. Keeps each

@@ -41,6 +41,12 @@ uint64_t topk_encode(const TopKEncodeParams& params);
 // Validates every header and every index (in range, strictly increasing) before writing.
 void topk_decode(const TopKDecodeParams& params);
 
+// DGC's step before a top-k encode: clipping, then the momentum-corrected velocity (params.h).
+void topk_accumulate(const TopKAccumulateParams& params);
+
+// Momentum factor masking: zeroes params.target at the indices of a payload this rank encoded.
+void topk_mask(const TopKMaskParams& params);
+
 // Checks payloads of differing element counts (header and body checksum) before any is decoded;
 // throws Error naming the first bad one's rank.
 void check_payloads(const PayloadCheckParams& params);

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
 #include <chrono>
@@ -106,6 +107,11 @@ class GradSync {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// Throws Error when `optimizer` does not fit the codec's contract: TopK with momentum > 0
+// (momentum correction) applies the momentum itself, so the optimizer must be torch::optim::SGD
+// with momentum 0 and no Nesterov in every parameter group. Other codecs take any optimizer.
+void check_optimizer(const torch::optim::Optimizer& optimizer, const CodecSpec& codec);
 
 // torch::save(sync, path) / torch::load(sync, path).
 torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,

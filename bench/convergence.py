@@ -1,0 +1,300 @@
+"""Convergence of top-k and its remedies: a small causal transformer with AdamW, and the digits MLP
+with SGD and momentum, on W Gloo ranks (CPU), several seeds; dense DDP beside every codec.
+
+The language model is character-level on the English text of Python's own documentation topics
+(`pydoc_data.topics`, shipped with every CPython: no download). Every method of one task sees
+the same data, initial weights and seeds; only the gradient communication differs.
+
+    python bench/convergence.py                       # the full run behind docs/benchmarks.md
+    python bench/convergence.py --quick               # CI: short, one seed, asserts the remedy helps
+    python bench/convergence.py --tasks lm --methods dense,topk,topk-warmup --seeds 0,1,2
+"""
+import argparse
+import datetime
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+
+# What each method hands the hook: (codec keyword arguments or None for dense DDP, optimizer kind).
+# "sgd-dgc" is SGD without momentum: momentum correction applies the momentum in the hook.
+METHODS = {
+    "dense": (None, None),
+    "q4": ({"codec": "q4"}, None),
+    "topk": ({"codec": "topk"}, None),
+    "topk-warmup": ({"codec": "topk", "warmup_steps": 100}, None),
+    "topk-clip": ({"codec": "topk", "clip_norm": 1.0}, None),
+    "topk-warmup-clip": ({"codec": "topk", "warmup_steps": 100, "clip_norm": 1.0}, None),
+    "topk-dgc": ({"codec": "topk", "momentum": 0.9, "warmup_steps": 100, "clip_norm": 1.0}, "sgd-dgc"),
+}
+TASKS = {
+    # task: (default methods, optimizer, steps)
+    "lm": (("dense", "q4", "topk", "topk-warmup", "topk-clip", "topk-warmup-clip"), "adamw", 400),
+    "digits": (("dense", "q4", "topk", "topk-warmup", "topk-dgc"), "sgd-momentum", 600),
+}
+
+
+def make_codec(spec, ratio):
+    import gradcomp
+
+    if spec is None:
+        return None
+    kw = dict(spec)
+    kind = kw.pop("codec")
+    return gradcomp.Q4() if kind == "q4" else gradcomp.TopK(ratio=ratio, **kw)
+
+
+# ---- the language model --------------------------------------------------------------------
+
+def corpus():
+    """Bytes of English prose (documentation topics), as int64 tokens < 128, train and held out."""
+    import torch
+    from pydoc_data import topics
+
+    text = "\n\n".join(topics.topics[k] for k in sorted(topics.topics))
+    data = torch.tensor([min(ord(c), 127) for c in text], dtype=torch.int64)
+    cut = int(len(data) * 0.95)
+    return data[:cut], data[cut:]
+
+
+def make_lm(seq, vocab=128, d=128, layers=4, heads=4):
+    import torch
+    import torch.nn as nn
+
+    class CharLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(vocab, d)
+            self.pos = nn.Parameter(torch.randn(seq, d) * 0.02)
+            layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, batch_first=True,
+                                               norm_first=True)
+            self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+            self.norm = nn.LayerNorm(d)
+            self.head = nn.Linear(d, vocab)
+            self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq), persistent=False)
+
+        def forward(self, x):
+            h = self.tok(x) + self.pos[: x.shape[1]]
+            h = self.blocks(h, mask=self.mask[: x.shape[1], : x.shape[1]], is_causal=True)
+            return self.head(self.norm(h))
+
+    return CharLM()
+
+
+def lm_batch(data, rank, step, batch, seq, seed):
+    import torch
+
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 101 + rank)
+    starts = torch.randint(0, len(data) - seq - 1, (batch,), generator=g)
+    x = torch.stack([data[s:s + seq] for s in starts])
+    y = torch.stack([data[s + 1:s + seq + 1] for s in starts])
+    return x, y
+
+
+# ---- one rank of one run ---------------------------------------------------------------------
+
+def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    import gradcomp.torch as gt
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    spec, opt_override = METHODS[method]
+    opt_kind = opt_override or TASKS[task][1]
+    torch.manual_seed(seed)
+    if task == "lm":
+        seq, batch = 64, 16
+        train_data, val_data = corpus()
+        model = make_lm(seq)
+    else:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        xs = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+        ys = torch.tensor(digits.target, dtype=torch.int64)
+        perm = torch.randperm(len(xs), generator=torch.Generator().manual_seed(1234))
+        train_x, train_y = xs[perm[:1500]], ys[perm[:1500]]
+        val_x, val_y = xs[perm[1500:]], ys[perm[1500:]]
+        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    if opt_kind == "adamw":
+        opt = torch.optim.AdamW(ddp.parameters(), lr=2e-3, weight_decay=0.01)
+    elif opt_kind == "sgd-dgc":
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.0)
+    else:
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    codec = make_codec(spec, ratio)
+    hook = gt.register(ddp, codec, optimizer=opt) if codec is not None else None
+    warm = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    losses = []
+    t0 = time.perf_counter()
+    for step in range(steps):
+        if task == "lm":
+            x, y = lm_batch(train_data, rank, step, batch, seq, seed)
+            loss = F.cross_entropy(ddp(x).reshape(-1, 128), y.reshape(-1))
+        else:
+            g = torch.Generator().manual_seed(seed * 1_000_003 + step * 101 + rank)
+            idx = torch.randint(0, len(train_x), (32,), generator=g)
+            loss = F.cross_entropy(ddp(train_x[idx]), train_y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    seconds = time.perf_counter() - t0
+    with torch.no_grad():
+        model.eval()
+        if task == "lm":
+            vals = []
+            for j in range(16):  # the same held-out windows for every method
+                x, y = lm_batch(val_data, 0, 10_000 + j, 32, 64, 0)
+                vals.append(F.cross_entropy(model(x).reshape(-1, 128), y.reshape(-1)).item())
+            final = {"val_loss": statistics.mean(vals)}
+        else:
+            logits = model(val_x)
+            final = {"val_loss": F.cross_entropy(logits, val_y).item(),
+                     "accuracy": (logits.argmax(1) == val_y).float().mean().item()}
+    stats = hook.stats()["total"] if hook is not None else None
+    result = {"task": task, "method": method, "seed": seed, "steps": steps, "losses": losses,
+              "seconds": seconds, **final,
+              "params": sum(p.numel() for p in model.parameters()),
+              "bytes_per_step": (stats["bytes_sent"] / steps if stats else
+                                 # what DDP's ring allreduce of the fp32 gradients sends per rank
+                                 2 * (world - 1) / world * 4 * sum(p.numel() for p in model.parameters()))}
+    dist.destroy_process_group()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(result, f)
+
+
+def _entry(*args):
+    try:
+        run_rank(*args)
+    except BaseException:
+        traceback.print_exc()
+        sys.exit(1)
+
+
+def run(task, method, seed, steps, ratio, world):
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        procs = [ctx.Process(target=_entry, args=(r, world, os.path.join(tmp, "store"), task, method, seed,
+                                                  steps, ratio, out)) for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=1800)
+        if any(p.exitcode != 0 for p in procs):
+            raise RuntimeError(f"{task}/{method}/seed {seed} failed: exit codes {[p.exitcode for p in procs]}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def summarize(results):
+    rows = {}
+    for r in results:
+        rows.setdefault((r["task"], r["method"]), []).append(r)
+    table = []
+    for (task, method), rs in rows.items():
+        dense = [x for x in results if x["task"] == task and x["method"] == "dense"]
+        base = statistics.mean(x["val_loss"] for x in dense) if dense else float("nan")
+        loss = statistics.mean(x["val_loss"] for x in rs)
+        row = {"task": task, "method": method, "seeds": len(rs), "val_loss": loss,
+               "vs_dense": loss / base - 1, "bytes_per_step": rs[0]["bytes_per_step"],
+               "seconds": statistics.median(x["seconds"] for x in rs)}
+        if "accuracy" in rs[0]:
+            row["accuracy"] = statistics.mean(x["accuracy"] for x in rs)
+            row["accuracy_vs_dense"] = row["accuracy"] - statistics.mean(x["accuracy"] for x in dense)
+        table.append(row)
+    return table
+
+
+def print_table(table):
+    print(f"{'task':7} {'method':17} {'seeds':>5} {'val loss':>9} {'vs dense':>9} {'accuracy':>9} "
+          f"{'bytes/step':>11}")
+    for r in table:
+        acc = f"{100 * r['accuracy']:8.2f}%" if "accuracy" in r else " " * 9
+        print(f"{r['task']:7} {r['method']:17} {r['seeds']:5d} {r['val_loss']:9.4f} {100 * r['vs_dense']:+8.2f}% "
+              f"{acc} {r['bytes_per_step'] / 1e3:10.1f}k")
+
+
+def plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = sorted({r["task"] for r in results})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        methods = []
+        for r in results:
+            if r["task"] == task and r["method"] not in methods:
+                methods.append(r["method"])
+        for method in methods:
+            curves = [r["losses"] for r in results if r["task"] == task and r["method"] == method]
+            mean = [statistics.mean(c[i] for c in curves) for i in range(len(curves[0]))]
+            window = max(1, len(mean) // 40)
+            smooth = [statistics.mean(mean[max(0, i - window):i + 1]) for i in range(len(mean))]
+            ax.plot(smooth, label=method)
+        ax.set_title(f"{task}: training loss (mean over seeds, smoothed)")
+        ax.set_xlabel("step")
+        ax.set_yscale("log")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", default="lm,digits")
+    p.add_argument("--methods", default="", help="comma list (default: each task's own)")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, default=0, help="0: each task's default")
+    p.add_argument("--ratio", type=float, default=0.01)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--out", default="bench/results/convergence")
+    p.add_argument("--quick", action="store_true",
+                   help="CI: the LM for 150 steps, one seed, dense/topk/topk-warmup-clip; asserts the remedy beats plain EF")
+    a = p.parse_args()
+    if a.quick:
+        a.tasks, a.methods, a.seeds, a.steps = "lm", "dense,topk,topk-warmup-clip", "0", 150
+    os.makedirs(a.out, exist_ok=True)
+    results = []
+    for task in a.tasks.split(","):
+        methods = a.methods.split(",") if a.methods else TASKS[task][0]
+        steps = a.steps or TASKS[task][2]
+        for method in methods:
+            for seed in [int(s) for s in a.seeds.split(",")]:
+                r = run(task, method, seed, steps, a.ratio, a.world)
+                print(f"{task}/{method}/seed {seed}: val loss {r['val_loss']:.4f} in {r['seconds']:.0f} s", flush=True)
+                results.append(r)
+    table = summarize(results)
+    print_table(table)
+    meta = {"date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "world": a.world, "ratio": a.ratio}
+    with open(os.path.join(a.out, "convergence.json"), "w") as f:
+        json.dump({"meta": meta, "table": table, "runs": results}, f)
+    plot(results, os.path.join(a.out, "convergence.png"))
+    if a.quick:
+        by = {r["method"]: r["val_loss"] for r in table}
+        assert by["topk-warmup-clip"] < by["topk"], f"the remedy did not beat plain error feedback: {by}"
+        print("quick check: top-k with warm-up and clipping beats plain error feedback")
+
+
+if __name__ == "__main__":
+    main()

@@ -29,13 +29,14 @@ METHODS = {
     "q4": ({"codec": "q4"}, None),
     "topk": ({"codec": "topk"}, None),
     "topk-warmup": ({"codec": "topk", "warmup_steps": 100}, None),
+    "topk-warmup-long": ({"codec": "topk", "warmup_steps": 200}, None),
     "topk-clip": ({"codec": "topk", "clip_norm": 1.0}, None),
     "topk-warmup-clip": ({"codec": "topk", "warmup_steps": 100, "clip_norm": 1.0}, None),
     "topk-dgc": ({"codec": "topk", "momentum": 0.9, "warmup_steps": 100, "clip_norm": 1.0}, "sgd-dgc"),
 }
 TASKS = {
     # task: (default methods, optimizer, steps)
-    "lm": (("dense", "q4", "topk", "topk-warmup", "topk-clip", "topk-warmup-clip"), "adamw", 400),
+    "lm": (("dense", "q4", "topk", "topk-warmup", "topk-warmup-long", "topk-clip", "topk-warmup-clip"), "adamw", 400),
     "digits": (("dense", "q4", "topk", "topk-warmup", "topk-dgc"), "sgd-momentum", 600),
 }
 

@@ -43,14 +43,9 @@ __global__ void __launch_bounds__(kThreads) accumulate_kernel(const TopKAccumula
     const int n = group_count(p.numel, first);
     float v[kGroup];
     load_group(p.segments, p.num_segments, p.dtype, first, n, v);
-    for (int j = 0; j < n; ++j) {
-      float x = scale == 1.0f ? v[j] : math::mul_rn(v[j], scale);
-      if (p.momentum > 0.0f) {
-        const float u = p.velocity_in != nullptr ? p.velocity_in[first + j] : 0.0f;
-        x = math::topk_momentum(u, x, p.momentum);
-      }
-      p.out[first + j] = x;
-    }
+    for (int j = 0; j < n; ++j)
+      p.out[first + j] =
+          math::topk_accumulate_element(v[j], scale, p.momentum, p.velocity_in, first + j);
   }
 }
 

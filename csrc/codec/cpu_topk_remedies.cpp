@@ -31,14 +31,8 @@ void topk_accumulate(const TopKAccumulateParams& p) {
   for (int64_t s = 0; s < n; s += detail::kStagingElements) {
     const int64_t len = std::min<int64_t>(detail::kStagingElements, n - s);
     input.gather(s, len, g);
-    for (int64_t j = 0; j < len; ++j) {
-      float x = scale == 1.0f ? g[j] : math::mul_rn(g[j], scale);
-      if (p.momentum > 0.0f) {
-        const float u = p.velocity_in != nullptr ? p.velocity_in[s + j] : 0.0f;
-        x = math::topk_momentum(u, x, p.momentum);
-      }
-      p.out[s + j] = x;
-    }
+    for (int64_t j = 0; j < len; ++j)
+      p.out[s + j] = math::topk_accumulate_element(g[j], scale, p.momentum, p.velocity_in, s + j);
   }
 }
 

@@ -77,6 +77,15 @@ GRADCOMP_HD float topk_momentum(float u, float g, float m) {
   return add_rn(mul_rn(m, u), g);
 }
 
+// What an element of the accumulate step writes: the gradient scaled by the clip factor (when
+// it is not 1), then with momentum > 0 the velocity m * u + g (u = 0 without a velocity).
+GRADCOMP_HD float topk_accumulate_element(float g, float clip_factor, float momentum,
+                                          const float* velocity_in, int64_t i) {
+  const float x = clip_factor == 1.0f ? g : mul_rn(g, clip_factor);
+  if (momentum == 0.0f) return x;
+  return topk_momentum(velocity_in != nullptr ? velocity_in[i] : 0.0f, x, momentum);
+}
+
 // Local clipping sums squares in chunks of kTopKClipChunk elements, each chunk in index order,
 // then the chunk sums in chunk order: an order a GPU can follow with one thread per chunk.
 constexpr int64_t kTopKClipChunk = 4096;

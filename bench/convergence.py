@@ -23,7 +23,8 @@ import time
 import traceback
 
 # What each method hands the hook: (codec keyword arguments or None for dense DDP, optimizer kind).
-# "sgd-dgc" is SGD without momentum: momentum correction applies the momentum in the hook.
+# "sgd-dgc" is SGD without momentum: momentum correction applies the momentum in the hook;
+# "sgd-dgc-tuned" the same at the learning rate a sweep chose (docs/benchmarks.md).
 METHODS = {
     "dense": (None, None),
     "q4": ({"codec": "q4"}, None),
@@ -33,11 +34,19 @@ METHODS = {
     "topk-clip": ({"codec": "topk", "clip_norm": 1.0}, None),
     "topk-warmup-clip": ({"codec": "topk", "warmup_steps": 100, "clip_norm": 1.0}, None),
     "topk-dgc": ({"codec": "topk", "momentum": 0.9, "warmup_steps": 100, "clip_norm": 1.0}, "sgd-dgc"),
+    "topk-dgc-tuned": ({"codec": "topk", "momentum": 0.9}, "sgd-dgc-tuned"),
+    # q4 for the first steps, then top-k: Adam's moments settle on (nearly) dense gradients.
+    "topk-q4warmup-100": ({"codec": "topk", "warmup": "q4", "warmup_steps": 100}, None),
+    "topk-q4warmup": ({"codec": "topk", "warmup": "q4", "warmup_steps": 200}, None),
+    "topk-q4warmup-long": ({"codec": "topk", "warmup": "q4", "warmup_steps": 300}, None),
 }
+# The learning rates of plain SGD under momentum correction.
+DGC_LR = {"sgd-dgc": 0.1, "sgd-dgc-tuned": 0.3}
 TASKS = {
     # task: (default methods, optimizer, steps)
-    "lm": (("dense", "q4", "topk", "topk-warmup", "topk-warmup-long", "topk-clip", "topk-warmup-clip"), "adamw", 400),
-    "digits": (("dense", "q4", "topk", "topk-warmup", "topk-dgc"), "sgd-momentum", 600),
+    "lm": (("dense", "q4", "topk", "topk-warmup", "topk-warmup-long", "topk-clip", "topk-warmup-clip",
+            "topk-q4warmup", "topk-q4warmup-long"), "adamw", 400),
+    "digits": (("dense", "q4", "topk", "topk-warmup", "topk-dgc", "topk-dgc-tuned"), "sgd-momentum", 600),
 }
 
 
@@ -131,8 +140,8 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
     ddp = nn.parallel.DistributedDataParallel(model)
     if opt_kind == "adamw":
         opt = torch.optim.AdamW(ddp.parameters(), lr=2e-3, weight_decay=0.01)
-    elif opt_kind == "sgd-dgc":
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.0)
+    elif opt_kind in DGC_LR:
+        opt = torch.optim.SGD(ddp.parameters(), lr=DGC_LR[opt_kind], momentum=0.0)
     else:
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     codec = make_codec(spec, ratio)
@@ -269,11 +278,13 @@ def main():
     p.add_argument("--ratio", type=float, default=0.01)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--out", default="bench/results/convergence")
+    p.add_argument("--merge", default="", help="an earlier convergence.json whose runs of other methods join the table")
     p.add_argument("--quick", action="store_true",
-                   help="CI: the LM for 150 steps, one seed, dense/topk/topk-warmup-clip; asserts the remedy beats plain EF")
+                   help="CI: the LM for 150 steps, one seed, dense/topk/topk-warmup-clip/topk-q4warmup-100; asserts the "
+                        "remedies beat plain EF")
     a = p.parse_args()
     if a.quick:
-        a.tasks, a.methods, a.seeds, a.steps = "lm", "dense,topk,topk-warmup-clip", "0", 150
+        a.tasks, a.methods, a.seeds, a.steps = "lm", "dense,topk,topk-warmup-clip,topk-q4warmup-100", "0", 150
     os.makedirs(a.out, exist_ok=True)
     results = []
     for task in a.tasks.split(","):
@@ -284,6 +295,11 @@ def main():
                 r = run(task, method, seed, steps, a.ratio, a.world)
                 print(f"{task}/{method}/seed {seed}: val loss {r['val_loss']:.4f} in {r['seconds']:.0f} s", flush=True)
                 results.append(r)
+    if a.merge:
+        with open(a.merge) as f:
+            earlier = json.load(f)["runs"]
+        fresh = {(r["task"], r["method"]) for r in results}
+        results = [r for r in earlier if (r["task"], r["method"]) not in fresh] + results
     table = summarize(results)
     print_table(table)
     meta = {"date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
@@ -293,8 +309,9 @@ def main():
     plot(results, os.path.join(a.out, "convergence.png"))
     if a.quick:
         by = {r["method"]: r["val_loss"] for r in table}
-        assert by["topk-warmup-clip"] < by["topk"], f"the remedy did not beat plain error feedback: {by}"
-        print("quick check: top-k with warm-up and clipping beats plain error feedback")
+        for remedy in ("topk-warmup-clip", "topk-q4warmup-100"):
+            assert by[remedy] < by["topk"], f"{remedy} did not beat plain error feedback: {by}"
+        print("quick check: top-k with warm-up and clipping, and with a q4 warm-up, beat plain error feedback")
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ if ./build/bench/gradcomp-bench codec --sizes nope 2>/dev/null; then echo "bad a
 "$venv/bin/python" -c "import json; r = json.load(open('build/e2e-smoke/e2e.json')); \
 assert all(x['ok'] for x in r['throughput']), r['throughput']; assert len(r['digits']) == 3"
 
-step "convergence smoke: a small transformer with AdamW on 2 ranks; top-k's remedies beat plain error feedback"
+step "convergence smoke: a small transformer with AdamW on 2 ranks; top-k's remedies (warm-up + clipping, q4 warm-up) beat plain error feedback"
 "$venv/bin/python" bench/convergence.py --quick --out build/convergence-smoke
 
 step "pip install . (a wheel built with build isolation, as users install it), used from outside the clone"

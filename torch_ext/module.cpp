@@ -47,6 +47,10 @@ CodecSpec parse_codec(const py::dict& d) {
     topk.seed = d["seed"].cast<uint64_t>();
     topk.warmup_steps = d["warmup_steps"].cast<uint32_t>();
     topk.warmup_stages = d["warmup_stages"].cast<uint32_t>();
+    const std::string warmup = d["warmup"].cast<std::string>();
+    GRADCOMP_TORCH_CHECK(warmup == "sparsity" || warmup == "q4",
+                         "TopK warmup must be 'sparsity' or 'q4', got '", warmup, "'");
+    topk.warmup = warmup == "q4" ? TopKWarmup::kQ4 : TopKWarmup::kSparsity;
     topk.momentum = d["momentum"].cast<float>();
     topk.momentum_masking = d["momentum_masking"].cast<bool>();
     topk.clip_norm = d["clip_norm"].cast<float>();

@@ -43,7 +43,8 @@ struct LayoutFingerprint {
   uint32_t warmup_steps, warmup_stages;  // top-k remedies
   uint32_t momentum_bits, clip_bits;
   uint32_t momentum_masking;
-  uint32_t reserved[3];
+  uint32_t warmup_kind, warmup_block;  // top-k's warm-up and its q4 block size
+  uint32_t reserved;
   bool operator==(const LayoutFingerprint& o) const { return std::memcmp(this, &o, sizeof o) == 0; }
 };
 static_assert(sizeof(LayoutFingerprint) == 64, "fingerprint is exchanged as 64 bytes");
@@ -64,6 +65,8 @@ int64_t topk_capacity_at(const CompressionConfig& config, int64_t numel, uint32_
 }  // namespace
 
 void TopKRemedies::validate() const {
+  GRADCOMP_CHECK(warmup == TopKWarmup::kSparsity || warmup == TopKWarmup::kQ4,
+                 "TopK warmup must be sparsity or q4, got " << int(warmup));
   GRADCOMP_CHECK(warmup_stages >= 1 && warmup_stages <= 64,
                  "TopK warmup_stages must be in [1, 64], got " << warmup_stages);
   GRADCOMP_CHECK(momentum >= 0.0f && momentum < 1.0f,
@@ -84,9 +87,14 @@ void CompressionConfig::validate() const {
                  "what error feedback accumulates");
 }
 
+bool topk_sends_q4_at(const CompressionConfig& config, uint32_t step) {
+  return config.codec == Codec::kTopK && config.remedies.warmup == TopKWarmup::kQ4 &&
+         step < config.remedies.warmup_steps;
+}
+
 double topk_ratio_at(const CompressionConfig& config, uint32_t step) {
   const TopKRemedies& r = config.remedies;
-  if (step >= r.warmup_steps) return config.topk.ratio;
+  if (step >= r.warmup_steps || r.warmup != TopKWarmup::kSparsity) return config.topk.ratio;
   const uint64_t stage = static_cast<uint64_t>(step) * r.warmup_stages / r.warmup_steps;
   return std::pow(config.topk.ratio,
                   static_cast<double>(stage + 1) / static_cast<double>(r.warmup_stages + 1));
@@ -95,11 +103,11 @@ double topk_ratio_at(const CompressionConfig& config, uint32_t step) {
 uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_t numel, int world,
                                          uint32_t step) {
   const uint64_t others = static_cast<uint64_t>(world - 1);
-  if (config.codec == Codec::kTopK) {
+  if (config.codec == Codec::kTopK && !topk_sends_q4_at(config, step)) {
     return others *
            topk_payload_bytes(topk_capacity_at(config, numel, step), config.topk.value_dtype);
   }
-  if (config.q4_algorithm == Q4Algorithm::kOnePhase) {
+  if (config.codec == Codec::kQ4 && config.q4_algorithm == Q4Algorithm::kOnePhase) {
     return others * q4_payload_bytes(numel, config.q4.block_size);
   }
   const int64_t chunk = q4_chunk_size(numel, world, config.q4.block_size);
@@ -118,9 +126,9 @@ uint64_t velocity_bytes(const CompressionConfig& config, int64_t numel) {
 }
 
 uint64_t chunk_residual_bytes(const CompressionConfig& config, int64_t numel, int world) {
-  if (!config.error_feedback || config.codec != Codec::kQ4 ||
-      config.q4_algorithm != Q4Algorithm::kTwoPhase)
-    return 0;
+  const bool two_phase = config.codec == Codec::kQ4 ? config.q4_algorithm == Q4Algorithm::kTwoPhase
+                                                    : topk_sends_q4_at(config, 0);
+  if (!config.error_feedback || !two_phase) return 0;
   return static_cast<uint64_t>(q4_chunk_size(numel, world, config.q4.block_size)) *
          dtype_size(config.residual_dtype);
 }
@@ -138,7 +146,8 @@ struct CompressedAllreduce::Bucket {
   detail::BackendBuffer velocity[2];        // top-k momentum correction, fp32
   detail::BackendBuffer staged;             // top-k clipping without momentum: the clipped g
   detail::BackendBuffer send, recv, work, gathered, workspace;
-  uint64_t slot_bytes = 0;
+  uint64_t slot_bytes = 0;     // one-phase q4 and top-k payloads
+  uint64_t q4_slot_bytes = 0;  // two-phase q4 chunk payloads
   int64_t chunk = 0;
 };
 
@@ -192,26 +201,35 @@ CompressedAllreduce::Bucket& CompressedAllreduce::bucket_for(const Segment* segm
   if (config_.error_feedback) {
     for (auto& r : b->residual) r = Buffer(backend_, rbytes);
   }
-  if (config_.codec == Codec::kQ4 && config_.q4_algorithm == Q4Algorithm::kTwoPhase) {
+  uint64_t send_bytes = 0, gathered_slot = 0;
+  // A top-k bucket first seen during its q4 warm-up needs the two-phase buffers too, until the
+  // warm-up ends.
+  const bool two_phase = config_.codec == Codec::kQ4
+                             ? config_.q4_algorithm == Q4Algorithm::kTwoPhase
+                             : topk_sends_q4_at(config_, step_);
+  if (two_phase) {
     b->chunk = q4_chunk_size(numel, world, config_.q4.block_size);
-    b->slot_bytes = q4_payload_bytes(b->chunk, config_.q4.block_size);
-    b->send = Buffer(backend_, b->slot_bytes * world);
-    b->recv = Buffer(backend_, b->slot_bytes * world);
+    b->q4_slot_bytes = q4_payload_bytes(b->chunk, config_.q4.block_size);
+    send_bytes = gathered_slot = b->q4_slot_bytes;
+    send_bytes *= world;
+    b->recv = Buffer(backend_, b->q4_slot_bytes * world);
     b->work = Buffer(backend_, static_cast<size_t>(b->chunk) * 4);
     if (config_.error_feedback) {
       for (auto& r : b->chunk_residual) {
         r = Buffer(backend_, static_cast<size_t>(b->chunk) * dtype_size(config_.residual_dtype));
       }
     }
-  } else if (config_.codec == Codec::kQ4) {
+  }
+  if (config_.codec == Codec::kQ4 && !two_phase) {
     b->slot_bytes = q4_payload_bytes(numel, config_.q4.block_size);
-    b->send = Buffer(backend_, b->slot_bytes);
-  } else {
+    send_bytes = gathered_slot = b->slot_bytes;
+  } else if (config_.codec == Codec::kTopK) {
     // The largest payload of the schedule: the warm-up's first stage, or the final ratio.
     b->slot_bytes = topk_payload_bytes(
         std::max(topk_capacity_at(config_, numel, 0), topk_capacity_at(config_, numel, ~0u)),
         config_.topk.value_dtype);
-    b->send = Buffer(backend_, b->slot_bytes);
+    send_bytes = std::max(send_bytes, b->slot_bytes);
+    gathered_slot = std::max(gathered_slot, b->slot_bytes);
     const size_t ws = backend_.topk_workspace_bytes(numel);
     if (ws > 0) b->workspace = Buffer(backend_, ws);
     const uint64_t vbytes = velocity_bytes(config_, numel);
@@ -224,7 +242,10 @@ CompressedAllreduce::Bucket& CompressedAllreduce::bucket_for(const Segment* segm
       b->staged = Buffer(backend_, static_cast<size_t>(numel) * 4);
     }
   }
-  b->gathered = Buffer(backend_, b->slot_bytes * world);
+  b->send = Buffer(backend_, send_bytes);
+  b->gathered = Buffer(backend_, gathered_slot * world);
+  // A checkpoint saved at the last step of a q4 warm-up holds own-chunk residuals no step uses.
+  if (config_.codec == Codec::kTopK && !two_phase) pending_.chunk_residuals.erase(bucket_id);
   // Residuals restored from a checkpoint before this bucket was first seen.
   auto restore = [&](std::map<uint64_t, std::vector<uint8_t>>& from, Buffer* to, const char* what) {
     auto r = from.find(bucket_id);
@@ -265,6 +286,9 @@ void CompressedAllreduce::check_layout(const Bucket& b, uint64_t bucket_id) {
     std::memcpy(&mine.momentum_bits, &r.momentum, 4);
     std::memcpy(&mine.clip_bits, &r.clip_norm, 4);
     mine.momentum_masking = r.momentum_masking ? 1 : 0;
+    mine.warmup_kind = static_cast<uint32_t>(r.warmup);
+    if (r.warmup == TopKWarmup::kQ4)
+      mine.warmup_block = static_cast<uint32_t>(config_.q4.block_size);
   }
   const int world = comm_.world_size();
   std::vector<LayoutFingerprint> all(world);
@@ -301,7 +325,8 @@ void CompressedAllreduce::enqueue_allreduce(const Segment* segments, int num_seg
   if (config_.codec == Codec::kTopK) {
     run_topk(b, segments, num_segments, dtype);
   } else if (config_.q4_algorithm == Q4Algorithm::kTwoPhase) {
-    run_q4_two_phase(b, segments, num_segments, dtype);
+    run_q4_two_phase(b, segments, num_segments, static_cast<uint8_t>(dtype), segments, num_segments,
+                     dtype);
   } else {
     run_q4_one_phase(b, segments, num_segments, dtype);
   }
@@ -340,48 +365,50 @@ void CompressedAllreduce::set_residuals(Q4EncodeParams& e, Buffer* residual, con
   e.residual_dtype = static_cast<uint8_t>(config_.residual_dtype);
 }
 
-void CompressedAllreduce::run_q4_two_phase(Bucket& b, const Segment* segments, int num_segments,
-                                           DType dtype) {
+void CompressedAllreduce::run_q4_two_phase(Bucket& b, const Segment* source, int num_source,
+                                           uint8_t source_dtype, const Segment* segments,
+                                           int num_segments, DType dtype) {
   const int world = comm_.world_size();
   const int rank = comm_.rank();
   const uint8_t code = static_cast<uint8_t>(dtype);
+  const uint64_t slot_bytes = b.q4_slot_bytes;
   for (int c = 0; c < world; ++c) {
-    Q4EncodeParams e = q4_encode_params(segments, num_segments, code, c * b.chunk,
+    Q4EncodeParams e = q4_encode_params(source, num_source, source_dtype, c * b.chunk,
                                         chunk_numel(b.numel, b.chunk, c), config_.q4, rng(b, 0),
-                                        b.send.get() + b.slot_bytes * c);
+                                        b.send.get() + slot_bytes * c);
     set_residuals(e, b.residual, b, e.begin);
     backend_.q4_encode(e);
   }
-  comm_.all_to_all(b.send.get(), b.recv.get(), b.slot_bytes);
+  comm_.all_to_all(b.send.get(), b.recv.get(), slot_bytes);
 
   // Sum my chunk from every rank in fp32, then re-encode it with my own chunk residual. A
   // non-finite chunk sum re-encodes to NaN scales, so the final decode flags it on every rank.
   const int64_t mine = chunk_numel(b.numel, b.chunk, rank);
-  const std::vector<const uint8_t*> from = slots(b.recv, b.slot_bytes, world);
+  const std::vector<const uint8_t*> from = slots(b.recv, slot_bytes, world);
   Segment work{b.work.get(), rank * b.chunk, b.chunk};
-  backend_.q4_decode(q4_decode_params(from.data(), world, b.slot_bytes, mine, config_.q4, &work, 1,
+  backend_.q4_decode(q4_decode_params(from.data(), world, slot_bytes, mine, config_.q4, &work, 1,
                                       math::kDtypeF32, rank * b.chunk, 1.0f));
   Q4EncodeParams e = q4_encode_params(&work, 1, math::kDtypeF32, rank * b.chunk, mine, config_.q4,
                                       rng(b, 1), b.send.get());
   set_residuals(e, b.chunk_residual, b, 0);
   backend_.q4_encode(e);
-  comm_.all_gather(b.send.get(), b.gathered.get(), b.slot_bytes);
+  comm_.all_gather(b.send.get(), b.gathered.get(), slot_bytes);
 
   // Every rank's chunk is checked before any is decoded, so a bad one leaves the bucket as it was.
-  const std::vector<const uint8_t*> chunks = slots(b.gathered, b.slot_bytes, world);
+  const std::vector<const uint8_t*> chunks = slots(b.gathered, slot_bytes, world);
   std::vector<int64_t> chunk_sizes(world);
   for (int w = 0; w < world; ++w) chunk_sizes[w] = chunk_numel(b.numel, b.chunk, w);
   PayloadCheckParams check;
   check.payloads = chunks.data();
   check.num_payloads = world;
-  check.payload_bytes = b.slot_bytes;
+  check.payload_bytes = slot_bytes;
   check.numel = chunk_sizes.data();
   check.codec = format::kCodecQ4;
   check.param = static_cast<uint32_t>(config_.q4.block_size);
   backend_.check_payloads(check);
   for (int w = 0; w < world; ++w) {
     const uint8_t* p = chunks[w];
-    backend_.q4_decode(q4_decode_params(&p, 1, b.slot_bytes, chunk_numel(b.numel, b.chunk, w),
+    backend_.q4_decode(q4_decode_params(&p, 1, slot_bytes, chunk_numel(b.numel, b.chunk, w),
                                         config_.q4, segments, num_segments, code, w * b.chunk,
                                         static_cast<float>(world)));
   }
@@ -432,6 +459,18 @@ void CompressedAllreduce::run_topk(Bucket& b, const Segment* segments, int num_s
     e.segments = &accumulated;
     e.num_segments = 1;
     e.dtype = math::kDtypeF32;
+  }
+  if (topk_sends_q4_at(config_, step_)) {
+    // Nothing is masked: every coordinate was sent, and the velocity carries the momentum on.
+    run_q4_two_phase(b, e.segments, e.num_segments, e.dtype, segments, num_segments, dtype);
+    return;
+  }
+  if (b.chunk_residual[0].get() != nullptr || b.recv.get() != nullptr) {
+    // The q4 warm-up is over: its own-chunk residuals (re-encoding error of the sums) and
+    // buffers go, so checkpoints no longer carry them.
+    for (auto& r : b.chunk_residual) r = Buffer();
+    b.recv = Buffer();
+    b.work = Buffer();
   }
   e.numel = b.numel;
   if (config_.error_feedback) {

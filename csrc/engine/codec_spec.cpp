@@ -24,6 +24,7 @@ EngineOptions engine_options(const CodecSpec& codec) {
     c.seed = topk->seed;
     c.remedies.warmup_steps = topk->warmup_steps;
     c.remedies.warmup_stages = topk->warmup_stages;
+    c.remedies.warmup = topk->warmup;
     c.remedies.momentum = topk->momentum;
     c.remedies.momentum_masking = topk->momentum_masking;
     c.remedies.clip_norm = topk->clip_norm;

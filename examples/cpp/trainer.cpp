@@ -3,12 +3,12 @@
 //   python examples/cpp/make_digits.py digits.bin
 //   torchrun --nproc-per-node 2 --no-python ./digits_trainer --data digits.bin --codec q4
 //
-// --codec q4 | topk | topk-dgc (top-k with DGC's momentum correction, clipping and warm-up; the
-// optimizer is then SGD without momentum) | none (GradSync without compression) | allreduce (no
-// gradcomp: one blocking
-// allreduce per gradient after backward, what C++ programs do without it). The other flags serve
-// the tests and benchmarks: checkpoints, gradient dumps, no_sync accumulation, unused
-// parameters, step timing.
+// --codec q4 | topk | topk-q4warmup (q4 for the first --q4-warmup steps, then top-k) | topk-dgc
+// (top-k with DGC's momentum correction, clipping and warm-up; the optimizer is then SGD without
+// momentum) | none (GradSync without compression) | allreduce (no gradcomp: one blocking allreduce
+// per gradient after backward, what C++ programs do without it). The other flags serve the tests
+// and benchmarks: checkpoints, gradient dumps, no_sync accumulation, unused parameters, step
+// timing.
 #include <gradcomp/torch.h>
 #include <torch/torch.h>
 
@@ -119,6 +119,15 @@ gradcomp::CodecSpec codec_spec(const Flags& f) {
     gradcomp::TopK topk;
     topk.ratio = f.real("ratio", 0.01);
     topk.seed = seed;
+    return topk;
+  }
+  if (codec == "topk-q4warmup") {
+    // q4 for the first --q4-warmup steps, then top-k: the setting for Adam-family optimizers.
+    gradcomp::TopK topk;
+    topk.ratio = f.real("ratio", 0.01);
+    topk.seed = seed;
+    topk.warmup = gradcomp::TopKWarmup::kQ4;
+    topk.warmup_steps = static_cast<uint32_t>(f.num("q4-warmup", 2));
     return topk;
   }
   if (codec == "topk-dgc") {

@@ -72,7 +72,9 @@ class TopK:
 
     Deep Gradient Compression's remedies (docs/algorithms.md), all off by default:
     ``warmup_steps`` / ``warmup_stages``: the density rises from ratio**(1/(stages+1)) to ``ratio``
-    in ``warmup_stages`` equal stages over the first ``warmup_steps`` steps. ``momentum``: momentum
+    in ``warmup_stages`` equal stages over the first ``warmup_steps`` steps; with ``warmup="q4"``
+    the first ``warmup_steps`` steps send the whole bucket as two-phase q4 instead (what keeps
+    AdamW's moments right: docs/benchmarks.md), then top-k at ``ratio``. ``momentum``: momentum
     correction; the velocity ``u = momentum * u + g`` is what is accumulated and sparsified, and
     the optimizer must be SGD with ``momentum=0`` (``gradcomp.check_optimizer``).
     ``momentum_masking``: sent coordinates are cleared from the velocity too. ``clip_norm``:
@@ -87,6 +89,7 @@ class TopK:
     seed: int = 0
     warmup_steps: int = 0
     warmup_stages: int = 4
+    warmup: str = "sparsity"
     momentum: float = 0.0
     momentum_masking: bool = True
     clip_norm: float = 0.0
@@ -103,6 +106,7 @@ class TopK:
             v = getattr(self, name)
             _check(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32,
                    f"TopK {name} must be an int in [0, 2**32), got {v!r}")
+        _check(self.warmup in ("sparsity", "q4"), f"TopK warmup must be 'sparsity' or 'q4', got {self.warmup!r}")
         _check(1 <= self.warmup_stages <= 64, f"TopK warmup_stages must be in [1, 64], got {self.warmup_stages!r}")
         _check(isinstance(self.momentum, (int, float)) and not isinstance(self.momentum, bool)
                and 0.0 <= float(self.momentum) < 1.0, f"TopK momentum must be in [0, 1), got {self.momentum!r}")
@@ -118,6 +122,7 @@ class TopK:
                 "error_feedback": self.error_feedback, "value_dtype": _DTYPE_NAMES[self.value_dtype],
                 "residual_dtype": _DTYPE_NAMES[self.residual_dtype], "seed": self.seed,
                 "warmup_steps": self.warmup_steps, "warmup_stages": self.warmup_stages,
+                "warmup": self.warmup,
                 "momentum": float(self.momentum), "momentum_masking": self.momentum_masking,
                 "clip_norm": float(self.clip_norm)}
 

@@ -270,6 +270,174 @@ TEST(TopKRemedies, BadOptionsAreRefusedNamingThem) {
   c = dgc(0, 0, 10);
   c.remedies.warmup_stages = 0;
   EXPECT_THROW(c.validate(), Error);
+  c = dgc(0, 0, 10);
+  c.remedies.warmup = static_cast<TopKWarmup>(7);
+  EXPECT_THROW(c.validate(), Error);
+}
+
+CompressionConfig q4_warmup(uint32_t steps, float momentum = 0) {
+  CompressionConfig c = dgc(momentum, 0, steps);
+  c.remedies.warmup = TopKWarmup::kQ4;
+  return c;
+}
+
+TEST(TopKQ4Warmup, SendsTwoPhaseQ4ThenTopKAtTheRatioWithTheResidualCarriedOver) {
+  // The same steps through a q4 allreduce, then through a top-k allreduce that starts from q4's
+  // whole-bucket residual: what the warm-up must compute, bit for bit, with the bytes of each.
+  const int world = 3;
+  const int64_t n = 9000;
+  const uint32_t warmup = 3, steps = 6;
+  const CompressionConfig c = q4_warmup(warmup);
+  CompressionConfig q4 = c;
+  q4.codec = Codec::kQ4;
+  CompressionConfig topk = c;
+  topk.remedies = TopKRemedies{};
+  EXPECT_DOUBLE_EQ(topk_ratio_at(c, 0), c.topk.ratio);
+  EXPECT_TRUE(topk_sends_q4_at(c, warmup - 1));
+  EXPECT_FALSE(topk_sends_q4_at(c, warmup));
+  for (uint32_t step = 0; step < steps; ++step)
+    EXPECT_EQ(compressed_allreduce_bytes_sent(c, n, world, step),
+              compressed_allreduce_bytes_sent(step < warmup ? q4 : topk, n, world, step));
+  EXPECT_EQ(chunk_residual_bytes(c, n, world), chunk_residual_bytes(q4, n, world));
+  auto grad = [](int rank, uint32_t step) {
+    return testing::normal_floats(n, 1000 * step + rank, 0.5f + 0.1f * rank);
+  };
+  InProcessGroup group(world);
+  std::vector<std::vector<std::vector<float>>> got(world), expect(world);
+  std::vector<std::vector<uint64_t>> sent(world);
+  run_ranks(group, [&](int rank, Communicator& comm) {
+    auto backend = make_cpu_backend();
+    CompressedAllreduce a(comm, *backend, c);
+    for (uint32_t step = 0; step < steps; ++step) {
+      HostTensor x = HostTensor::from_floats(DType::kFloat32, grad(rank, step));
+      Segment seg = x.segment();
+      const uint64_t before = comm.bytes_sent();
+      a.allreduce(&seg, 1, DType::kFloat32, 21);
+      if (step > 0) sent[rank].push_back(comm.bytes_sent() - before);  // step 0 checks layouts
+      const CompressionState s = a.state();
+      // The own-chunk residuals live while q4 runs and go with it.
+      EXPECT_EQ(s.chunk_residuals.count(21), step < warmup ? 1u : 0u) << step;
+      a.advance_step();
+      got[rank].push_back(x.floats());
+    }
+    CompressedAllreduce r4(comm, *backend, q4);
+    CompressedAllreduce rk(comm, *backend, topk);
+    for (uint32_t step = 0; step < steps; ++step) {
+      if (step == warmup) {
+        CompressionState s = r4.state();
+        s.chunk_residuals.clear();
+        rk.load_state(s);
+      }
+      CompressedAllreduce& r = step < warmup ? r4 : rk;
+      HostTensor x = HostTensor::from_floats(DType::kFloat32, grad(rank, step));
+      Segment seg = x.segment();
+      r.allreduce(&seg, 1, DType::kFloat32, 21);
+      r.advance_step();
+      expect[rank].push_back(x.floats());
+    }
+  });
+  for (int r = 0; r < world; ++r) {
+    for (uint32_t step = 0; step < steps; ++step)
+      ASSERT_EQ(got[r][step], expect[r][step]) << "rank " << r << " step " << step;
+    for (uint32_t step = 1; step < steps; ++step)
+      EXPECT_EQ(sent[r][step - 1], compressed_allreduce_bytes_sent(c, n, world, step)) << step;
+  }
+  EXPECT_NE(got[0][warmup - 1], got[0][warmup]);
+}
+
+TEST(TopKQ4Warmup, MomentumCorrectionRunsThroughTheWarmupOnTheVelocity) {
+  // With momentum correction the warm-up sends q4 of u = m u + g (nothing masked); the result
+  // equals a q4 allreduce fed the velocity computed plainly.
+  const int world = 2;
+  const int64_t n = 5000;
+  const float m = 0.9f;
+  const CompressionConfig c = q4_warmup(4, m);
+  CompressionConfig q4 = c;
+  q4.codec = Codec::kQ4;
+  q4.remedies = TopKRemedies{};
+  InProcessGroup group(world);
+  std::vector<std::vector<std::vector<float>>> got(world), expect(world);
+  run_ranks(group, [&](int rank, Communicator& comm) {
+    auto backend = make_cpu_backend();
+    CompressedAllreduce a(comm, *backend, c), r(comm, *backend, q4);
+    std::vector<float> u(n, 0.0f);
+    for (uint32_t step = 0; step < 4; ++step) {
+      const std::vector<float> g = testing::normal_floats(n, 10 * step + rank);
+      HostTensor x = HostTensor::from_floats(DType::kFloat32, g);
+      Segment seg = x.segment();
+      a.allreduce(&seg, 1, DType::kFloat32, 4);
+      a.advance_step();
+      got[rank].push_back(x.floats());
+      for (int64_t i = 0; i < n; ++i) u[i] = m * u[i] + g[i];
+      HostTensor v = HostTensor::from_floats(DType::kFloat32, u);
+      Segment vseg = v.segment();
+      r.allreduce(&vseg, 1, DType::kFloat32, 4);
+      r.advance_step();
+      expect[rank].push_back(v.floats());
+    }
+  });
+  for (int r = 0; r < world; ++r)
+    for (uint32_t step = 0; step < 4; ++step)
+      ASSERT_EQ(got[r][step], expect[r][step]) << "rank " << r << " step " << step;
+}
+
+TEST(TopKQ4Warmup, ACheckpointAtAnyStepOfTheWarmupResumesBitForBit) {
+  // Saved before, at and after the switch (at step 3 the saved own-chunk residuals are no longer
+  // used), through the engine's checkpoint record, with momentum correction.
+  const CompressionConfig c = q4_warmup(3, 0.9f);
+  const int world = 2;
+  InProcessGroup group(world);
+  auto input = [](int rank, uint32_t step) {
+    return HostTensor::from_floats(DType::kBFloat16,
+                                   testing::normal_floats(2500, 100 * step + rank));
+  };
+  for (uint32_t save_at : {1u, 3u, 4u}) {
+    std::vector<std::vector<float>> uninterrupted(world), resumed(world);
+    run_ranks(group, [&](int rank, Communicator& comm) {
+      auto backend = make_cpu_backend();
+      CompressedAllreduce a(comm, *backend, c);
+      CompressionState saved;
+      for (uint32_t step = 0; step < 6; ++step) {
+        if (step == save_at) saved = a.state();
+        HostTensor x = input(rank, step);
+        Segment seg = x.segment();
+        a.allreduce(&seg, 1, DType::kBFloat16, 5);
+        a.advance_step();
+        if (step == 5) uninterrupted[rank] = x.floats();
+      }
+      EngineState record;
+      record.compression = saved;
+      CompressedAllreduce b(comm, *backend, c);
+      const std::vector<uint8_t> bytes = serialize_engine_state(record);
+      b.load_state(parse_engine_state(bytes.data(), bytes.size()).compression);
+      for (uint32_t step = save_at; step < 6; ++step) {
+        HostTensor x = input(rank, step);
+        Segment seg = x.segment();
+        b.allreduce(&seg, 1, DType::kBFloat16, 5);
+        b.advance_step();
+        if (step == 5) resumed[rank] = x.floats();
+      }
+    });
+    for (int r = 0; r < world; ++r)
+      EXPECT_EQ(uninterrupted[r], resumed[r]) << "rank " << r << ", saved at step " << save_at;
+  }
+}
+
+TEST(TopKQ4Warmup, RanksThatDisagreeOnTheWarmupAreRefused) {
+  InProcessGroup group(2);
+  std::vector<std::string> errors(2);
+  run_ranks(group, [&](int rank, Communicator& comm) {
+    auto backend = make_cpu_backend();
+    CompressedAllreduce a(comm, *backend, rank == 0 ? q4_warmup(3) : dgc(0, 0, 3));
+    HostTensor x = HostTensor::from_floats(DType::kFloat32, testing::normal_floats(1000, rank));
+    Segment seg = x.segment();
+    try {
+      a.allreduce(&seg, 1, DType::kFloat32, 8);
+    } catch (const Error& e) {
+      errors[rank] = e.what();
+    }
+  });
+  for (const std::string& e : errors) EXPECT_NE(e.find("rank 1"), std::string::npos) << e;
 }
 
 }  // namespace

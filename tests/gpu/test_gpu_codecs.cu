@@ -360,12 +360,13 @@ TEST(GpuCollectives, NcclEngineMatchesTheCpuEngine) {
 
 // The queued path (what the DDP hook uses on CUDA) gives the CPU engine's bytes, and a
 // non-finite step keeps the residuals (and top-k velocities) on the device exactly as the CPU
-// engine keeps them. The last configuration runs DGC's remedies: clipping (the fixed-order norm
-// on the device), momentum correction, masking and the warm-up's shrinking payloads.
+// engine keeps them. Variant 2 runs DGC's remedies: clipping (the fixed-order norm on the
+// device), momentum correction, masking and the warm-up's shrinking payloads; variant 3 the q4
+// warm-up with momentum, switching to top-k at step 2 (own-chunk residuals released).
 TEST(GpuCollectives, QueuedNcclEngineKeepsResidualsOnNonFiniteSteps) {
   SKIP_WITHOUT_GPU();
   OneRankNccl nccl_rank;
-  for (int variant = 0; variant < 3; ++variant) {
+  for (int variant = 0; variant < 4; ++variant) {
     CompressionConfig c;
     c.codec = variant == 0 ? Codec::kQ4 : Codec::kTopK;
     c.seed = 11;
@@ -373,6 +374,11 @@ TEST(GpuCollectives, QueuedNcclEngineKeepsResidualsOnNonFiniteSteps) {
       c.remedies.momentum = 0.9f;
       c.remedies.clip_norm = 20.0f;
       c.remedies.warmup_steps = 3;
+    }
+    if (variant == 3) {
+      c.remedies.momentum = 0.9f;
+      c.remedies.warmup = TopKWarmup::kQ4;
+      c.remedies.warmup_steps = 2;
     }
     EnginePair engines(nccl_rank, c);
     CompressedAllreduce& gpu_engine = engines.gpu_engine;
@@ -400,7 +406,7 @@ TEST(GpuCollectives, QueuedNcclEngineKeepsResidualsOnNonFiniteSteps) {
     EXPECT_EQ(gs.residuals, cs.residuals);
     EXPECT_EQ(gs.chunk_residuals, cs.chunk_residuals);
     EXPECT_EQ(gs.velocities, cs.velocities);
-    EXPECT_EQ(gs.velocities.empty(), variant != 2);
+    EXPECT_EQ(gs.velocities.empty(), variant < 2);
   }
 }
 

@@ -134,6 +134,23 @@ class TopKExact:
         return sums / float(self.world)
 
 
+class TopKQ4Warmup:
+    """Top-k with a q4 warm-up: two-phase q4 for the first warmup_steps steps, then exact top-k
+    whose residual starts from q4's whole-bucket residual (the own-chunk residuals end)."""
+
+    def __init__(self, world: int, n: int, ratio: float, warmup_steps: int, seed: int = 0):
+        self.q4 = Q4TwoPhase(world, n, seed=seed)
+        self.topk = TopKExact(world, n, ratio)
+        self.warmup_steps = warmup_steps
+
+    def step(self, grads, step: int, bucket: int) -> torch.Tensor:
+        if step < self.warmup_steps:
+            return self.q4.step(grads, step, bucket)
+        if step == self.warmup_steps:
+            self.topk.res = [r.clone() for r in self.q4.res1]
+        return self.topk.step(grads)
+
+
 class TopKDgc:
     """Top-k with Deep Gradient Compression's remedies (docs/algorithms.md), written plainly:
     per rank a velocity u and an accumulator v; g clipped to clip_norm / sqrt(W) (squares summed

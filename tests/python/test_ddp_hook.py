@@ -8,12 +8,12 @@ from launcher import launch
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
-@pytest.mark.parametrize("codec", ["q4", "q4_nearest", "topk", "topk_dgc", "topk_dgc_nomask"])
+@pytest.mark.parametrize("codec", ["q4", "q4_nearest", "topk", "topk_dgc", "topk_dgc_nomask", "topk_q4warmup"])
 def test_hook_equals_pure_pytorch_reference(world, codec):
     results = launch("workers_hook", "reference_equality", world, codec, 3001)
     sent, uncompressed = results[0]
     if world > 1:  # the top-k warm-up's first steps send denser payloads
-        assert 0 < sent < uncompressed / (2 if "dgc" in codec else 4)
+        assert 0 < sent < uncompressed / (2 if "dgc" in codec or "q4warmup" in codec else 4)
 
 
 @pytest.mark.parametrize("world", [4, 8])
@@ -29,7 +29,7 @@ def test_no_compression_equals_ddp_bit_for_bit():
 
 
 @pytest.mark.parametrize("codec,dtype", [("q4", "float32"), ("topk", "float32"), ("q4", "bfloat16"),
-                                         ("topk_dgc", "float32")])
+                                         ("topk_dgc", "float32"), ("topk_q4warmup", "float32")])
 def test_register_and_standard_route_agree(codec, dtype):
     stats = launch("workers_ddp", "routes_agree", 2, codec, dtype)
     # Against a ring allreduce of the bucket dtype: about 32 / 4.5 for fp32 and 16 / 4.5 for bf16
@@ -53,9 +53,12 @@ def test_momentum_correction_refuses_an_optimizer_with_its_own_momentum():
         gradcomp.TopK(momentum=1.0)
     with pytest.raises(ValueError, match="clip_norm"):
         gradcomp.TopK(clip_norm=float("nan"))
+    with pytest.raises(ValueError, match="warmup must be 'sparsity' or 'q4', got 'dense'"):
+        gradcomp.TopK(warmup="dense")
+    gt.check_optimizer(torch.optim.AdamW(params), gradcomp.TopK(warmup="q4", warmup_steps=10))
 
 
-@pytest.mark.parametrize("codec", ["q4", "topk", "topk_dgc"])
+@pytest.mark.parametrize("codec", ["q4", "topk", "topk_dgc", "topk_q4warmup"])
 def test_checkpoint_resume_is_bit_identical(codec):
     assert all(launch("workers_hook", "checkpoint_resume", 2, codec))
 

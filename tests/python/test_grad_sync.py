@@ -63,7 +63,7 @@ def test_four_ranks_end_with_one_model_and_send_less(data, codec):
 
 
 @pytest.mark.parametrize("world,codec,accumulate", [(2, "q4", 1), (3, "q4", 2), (2, "topk", 1), (3, "topk", 2),
-                                                    (2, "topk-dgc", 1)])
+                                                    (2, "topk-dgc", 1), (3, "topk-q4warmup", 1)])
 def test_averaged_gradients_equal_the_reference_and_the_python_hook(data, tmp_path, world, codec, accumulate):
     steps = 3
     dump, layout_path = tmp_path / "grads", tmp_path / "layout.json"
@@ -77,9 +77,10 @@ def test_averaged_gradients_equal_the_reference_and_the_python_hook(data, tmp_pa
     assert all(launch_python("workers_grad_sync", "python_hook_matches", world, str(dump), layout, steps, codec))
 
 
-@pytest.mark.parametrize("codec", ["q4", "topk", "topk-dgc"])
+@pytest.mark.parametrize("codec", ["q4", "topk", "topk-dgc", "topk-q4warmup"])
 def test_resume_from_a_checkpoint_is_bit_identical(data, tmp_path, codec):
-    common = ["--data", data, "--codec", codec, "--steps", 40]
+    # The q4 warm-up ends after the checkpoint (saved at 20) and before the end.
+    common = ["--data", data, "--codec", codec, "--steps", 40] + (["--q4-warmup", 30] if "q4warmup" in codec else [])
     launch(2, common + ["--params-out", tmp_path / "uninterrupted"])
     launch(2, common + ["--save-at", 20, "--save", tmp_path / "ckpt", "--stop-at-save"])
     launch(2, common + ["--resume", tmp_path / "ckpt", "--params-out", tmp_path / "resumed"])

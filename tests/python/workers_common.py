@@ -13,7 +13,9 @@ def codec(name: str):
             "topk_no_ef": gradcomp.TopK(ratio=0.01, error_feedback=False),
             # DGC's remedies: momentum correction, clipping that acts on these gradients, warm-up.
             "topk_dgc": gradcomp.TopK(ratio=0.01, momentum=0.9, clip_norm=30.0, warmup_steps=2),
-            "topk_dgc_nomask": gradcomp.TopK(ratio=0.01, momentum=0.9, momentum_masking=False)}[name]
+            "topk_dgc_nomask": gradcomp.TopK(ratio=0.01, momentum=0.9, momentum_masking=False),
+            # Adam's setting: q4 for the first 3 steps, then top-k.
+            "topk_q4warmup": gradcomp.TopK(ratio=0.01, warmup="q4", warmup_steps=3, seed=5)}[name]
 
 
 def grad(rank: int, step: int, n: int) -> torch.Tensor:

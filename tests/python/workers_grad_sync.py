@@ -31,7 +31,8 @@ def bucket_slices(layout: dict):
 def trainer_codec(name: str):
     """The Python spec of the codec examples/cpp/trainer.cpp runs under --codec `name`."""
     return {"q4": gradcomp.Q4(), "topk": gradcomp.TopK(ratio=0.01),
-            "topk-dgc": gradcomp.TopK(ratio=0.01, momentum=0.9, clip_norm=5.0, warmup_steps=2)}[name]
+            "topk-dgc": gradcomp.TopK(ratio=0.01, momentum=0.9, clip_norm=5.0, warmup_steps=2),
+            "topk-q4warmup": gradcomp.TopK(ratio=0.01, warmup="q4", warmup_steps=2)}[name]
 
 
 def python_hook_matches(rank, world, dump, layout, steps, codec_name):
@@ -63,6 +64,8 @@ def check_against_reference(dump: str, layout: dict, world: int, steps: int, cod
         spec = trainer_codec(codec)
         if codec == "q4":
             ref = reference.Q4TwoPhase(world, n, seed=0)
+        elif codec == "topk-q4warmup":
+            ref = reference.TopKQ4Warmup(world, n, spec.ratio, spec.warmup_steps, seed=0)
         elif codec == "topk-dgc":
             ref = reference.TopKDgc(world, n, spec.ratio, spec.momentum, spec.momentum_masking, spec.clip_norm,
                                     spec.warmup_steps, spec.warmup_stages)
@@ -70,7 +73,7 @@ def check_against_reference(dump: str, layout: dict, world: int, steps: int, cod
             ref = reference.TopKExact(world, n, 0.01)
         for step in range(steps):
             grads = [torch.cat([dumps[r][0][step, a:b] for a, b in slices]) for r in range(world)]
-            if codec == "q4":
+            if codec in ("q4", "topk-q4warmup"):
                 expect = ref.step(grads, step, identity)
             else:
                 expect = ref.step(grads, step) if codec == "topk-dgc" else ref.step(grads)

@@ -23,6 +23,8 @@ def reference_equality(rank, world, codec_name, n):
     spec = codec(codec_name)
     if codec_name.startswith("q4"):
         ref = reference.Q4TwoPhase(world, n, seed=5, stochastic=codec_name == "q4")
+    elif codec_name == "topk_q4warmup":
+        ref = reference.TopKQ4Warmup(world, n, spec.ratio, spec.warmup_steps, seed=5)
     elif codec_name.startswith("topk_dgc"):
         ref = reference.TopKDgc(world, n, spec.ratio, spec.momentum, spec.momentum_masking, spec.clip_norm,
                                 spec.warmup_steps, spec.warmup_stages)
@@ -30,7 +32,7 @@ def reference_equality(rank, world, codec_name, n):
         ref = reference.TopKExact(world, n, 0.01)
     for step in range(4):
         grads = [grad(r, step, n) for r in range(world)]
-        if codec_name.startswith("q4"):
+        if codec_name.startswith("q4") or codec_name == "topk_q4warmup":
             expect = ref.step(grads, step, bucket_id)
         else:
             expect = ref.step(grads, step) if codec_name.startswith("topk_dgc") else ref.step(grads)

@@ -30,6 +30,7 @@ struct TopK {
   uint64_t seed = 0;
   uint32_t warmup_steps = 0;
   uint32_t warmup_stages = 4;
+  TopKWarmup warmup = TopKWarmup::kSparsity;  // kQ4: q4 for the first warmup_steps
   float momentum = 0.0f;
   bool momentum_masking = true;
   float clip_norm = 0.0f;

@@ -18,11 +18,20 @@ class BackendBuffer;
 enum class Q4Algorithm : uint8_t { kTwoPhase = 0, kOnePhase = 1 };
 
 // Deep Gradient Compression's remedies for top-k (Lin et al. 2018; docs/algorithms.md).
+// What top-k's warm-up sends before `ratio` is reached.
+enum class TopKWarmup : uint8_t {
+  // DGC's exponential schedule: for step t < warmup_steps the density is
+  // ratio^((s + 1) / (stages + 1)) in stage s = t * warmup_stages / warmup_steps.
+  kSparsity = 0,
+  // The whole bucket, q4-quantized (two-phase, CompressionConfig::q4, same error feedback), for
+  // t < warmup_steps: Adam's moments see every coordinate while they settle (docs/algorithms.md).
+  kQ4 = 1,
+};
+
 struct TopKRemedies {
-  // Sparsity warm-up: for step t < warmup_steps the density is ratio^((s + 1) / (stages + 1)) in
-  // stage s = t * warmup_stages / warmup_steps, rising to `ratio` (DGC's exponential schedule).
   uint32_t warmup_steps = 0;
-  uint32_t warmup_stages = 4;
+  uint32_t warmup_stages = 4;  // kSparsity only
+  TopKWarmup warmup = TopKWarmup::kSparsity;
   // Momentum correction: the velocity u = momentum * u + g is accumulated and sparsified in
   // place of g; the optimizer must then apply no momentum of its own. 0: off.
   float momentum = 0.0f;
@@ -48,6 +57,8 @@ struct CompressionConfig {
 
 // The top-k ratio at `step` under the sparsity warm-up.
 double topk_ratio_at(const CompressionConfig& config, uint32_t step);
+// Whether a top-k configuration sends q4 at `step` (its q4 warm-up).
+bool topk_sends_q4_at(const CompressionConfig& config, uint32_t step);
 
 // Bytes one rank sends for one allreduce of a bucket of `numel` elements at world size W.
 uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_t numel, int world,
@@ -118,7 +129,10 @@ class CompressedAllreduce {
   struct Bucket;
   Bucket& bucket_for(const Segment* segments, int num_segments, DType dtype, uint64_t bucket_id);
   void check_layout(const Bucket& b, uint64_t bucket_id);
-  void run_q4_two_phase(Bucket& b, const Segment* segments, int num_segments, DType dtype);
+  // Encodes `source` (the bucket itself, or top-k's accumulated gradient) and decodes the mean
+  // into `segments`.
+  void run_q4_two_phase(Bucket& b, const Segment* source, int num_source, uint8_t source_dtype,
+                        const Segment* segments, int num_segments, DType dtype);
   void run_q4_one_phase(Bucket& b, const Segment* segments, int num_segments, DType dtype);
   void run_topk(Bucket& b, const Segment* segments, int num_segments, DType dtype);
   // Points a q4 encode at the bucket's committed residual (in) and candidate (out), `offset`

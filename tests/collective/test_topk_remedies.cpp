@@ -133,13 +133,16 @@ class DgcReference {
   std::vector<std::vector<float>> u_, v_;
 };
 
+// A rank's gradient at a step: a different scale per rank, so ranks do not pick the same k.
+std::vector<float> rank_gradient(int64_t n, int rank, uint32_t step) {
+  return testing::normal_floats(n, 1000 * step + rank, 0.5f + 0.1f * rank);
+}
+
 void expect_matches_reference(const CompressionConfig& c, const char* name) {
   const int world = 3;
   const int64_t n = 9000;  // three clip chunks, the last one short
   const uint32_t steps = 6;
-  auto grad = [](int rank, uint32_t step) {
-    return testing::normal_floats(n, 1000 * step + rank, 0.5f + 0.1f * rank);
-  };
+  auto grad = [](int rank, uint32_t step) { return rank_gradient(n, rank, step); };
   InProcessGroup group(world);
   std::vector<std::vector<std::vector<float>>> got(world);
   run_ranks(group, [&](int rank, Communicator& comm) {
@@ -299,9 +302,7 @@ TEST(TopKQ4Warmup, SendsTwoPhaseQ4ThenTopKAtTheRatioWithTheResidualCarriedOver) 
     EXPECT_EQ(compressed_allreduce_bytes_sent(c, n, world, step),
               compressed_allreduce_bytes_sent(step < warmup ? q4 : topk, n, world, step));
   EXPECT_EQ(chunk_residual_bytes(c, n, world), chunk_residual_bytes(q4, n, world));
-  auto grad = [](int rank, uint32_t step) {
-    return testing::normal_floats(n, 1000 * step + rank, 0.5f + 0.1f * rank);
-  };
+  auto grad = [](int rank, uint32_t step) { return rank_gradient(n, rank, step); };
   InProcessGroup group(world);
   std::vector<std::vector<std::vector<float>>> got(world), expect(world);
   std::vector<std::vector<uint64_t>> sent(world);

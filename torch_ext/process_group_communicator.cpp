@@ -44,5 +44,15 @@ void ProcessGroupCommunicator::run_allreduce_mean(void* data, int64_t numel, DTy
   wait(group_->allreduce(tensors));
 }
 
+void ProcessGroupCommunicator::run_reduce_scatter_mean(void* send, void* recv,
+                                                       int64_t numel_per_rank, DType dtype) {
+  GRADCOMP_PHASE("gradcomp::reduce_scatter");
+  const at::ScalarType type = to_scalar_type(dtype);
+  at::Tensor in = wrap(send, numel_per_rank * world_size(), type);
+  at::Tensor out = wrap(recv, numel_per_rank, type);
+  in.mul_(1.0 / static_cast<double>(world_size()));
+  wait(group_->reduce_scatter_single(out, in));
+}
+
 }  // namespace torch_ext
 }  // namespace gradcomp

@@ -23,6 +23,7 @@ class CpuBackend final : public Backend {
   void copy_from_host(void* dst, const void* host, size_t bytes) override {
     std::memcpy(dst, host, bytes);
   }
+  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void q4_encode(const Q4EncodeParams& p) override { cpu::q4_encode(p, threads_); }
   void q4_decode(const Q4DecodeParams& p) override {
     Q4DecodeParams q = p;

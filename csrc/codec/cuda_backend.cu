@@ -96,6 +96,9 @@ class CudaBackend final : public Backend {
     GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
     GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
 
   void q4_encode(const Q4EncodeParams& p) override {
     check_params(p, "q4 encode");

@@ -26,6 +26,11 @@ uint64_t ring_allreduce_bytes(int64_t numel, DType dtype, int world) {
                                static_cast<double>(dtype_size(dtype)));
 }
 
+uint64_t reduce_scatter_bytes(int64_t numel_per_rank, DType dtype, int world) {
+  return static_cast<uint64_t>(world - 1) * static_cast<uint64_t>(numel_per_rank) *
+         dtype_size(dtype);
+}
+
 // Runs one collective of the transport; its failure (a dead peer, a timeout) becomes an Error
 // naming the collective, its size and this rank.
 template <typename F>
@@ -54,6 +59,13 @@ void Communicator::allreduce_mean(void* data, int64_t numel, DType dtype) {
   run("allreduce", static_cast<uint64_t>(numel) * dtype_size(dtype),
       [&] { run_allreduce_mean(data, numel, dtype); });
   bytes_sent_ += ring_allreduce_bytes(numel, dtype, world_size());
+}
+
+void Communicator::reduce_scatter_mean(void* send, void* recv, int64_t numel_per_rank,
+                                       DType dtype) {
+  run("reduce_scatter", static_cast<uint64_t>(numel_per_rank) * dtype_size(dtype) * world_size(),
+      [&] { run_reduce_scatter_mean(send, recv, numel_per_rank, dtype); });
+  bytes_sent_ += reduce_scatter_bytes(numel_per_rank, dtype, world_size());
 }
 
 }  // namespace gradcomp

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <sstream>
 #include <vector>
 
 #include "backend_buffer.h"
@@ -44,7 +45,7 @@ struct LayoutFingerprint {
   uint32_t momentum_bits, clip_bits;
   uint32_t momentum_masking;
   uint32_t warmup_kind, warmup_block;  // top-k's warm-up and its q4 block size
-  uint32_t reserved;
+  uint32_t local_world;                // ranks per node (1: flat)
   bool operator==(const LayoutFingerprint& o) const { return std::memcmp(this, &o, sizeof o) == 0; }
 };
 static_assert(sizeof(LayoutFingerprint) == 64, "fingerprint is exchanged as 64 bytes");
@@ -54,6 +55,12 @@ std::vector<const uint8_t*> slots(const Buffer& buffer, uint64_t slot_bytes, int
   std::vector<const uint8_t*> from(world);
   for (int w = 0; w < world; ++w) from[w] = buffer.get() + slot_bytes * w;
   return from;
+}
+
+Communicator& inter_node_of(const NodeGroups& groups) {
+  GRADCOMP_CHECK(groups.inter_node != nullptr && groups.intra_node != nullptr,
+                 "a hierarchical allreduce needs both node groups");
+  return *groups.inter_node;
 }
 
 int64_t topk_capacity_at(const CompressionConfig& config, int64_t numel, uint32_t step) {
@@ -114,6 +121,19 @@ uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_
   return 2 * others * q4_payload_bytes(chunk, config.q4.block_size);
 }
 
+int64_t node_shard_numel(int64_t numel, int local_world) {
+  return div_up(numel, local_world);
+}
+
+uint64_t inter_node_bytes_sent(const CompressionConfig& config, int64_t numel, int nodes,
+                               int local_world, uint32_t step) {
+  return compressed_allreduce_bytes_sent(config, node_shard_numel(numel, local_world), nodes, step);
+}
+
+uint64_t intra_node_bytes_sent(int64_t numel, DType dtype, int local_world) {
+  return 2 * reduce_scatter_bytes(node_shard_numel(numel, local_world), dtype, local_world);
+}
+
 uint64_t residual_bytes(const CompressionConfig& config, int64_t numel) {
   return config.error_feedback ? static_cast<uint64_t>(numel) * dtype_size(config.residual_dtype)
                                : 0;
@@ -137,7 +157,8 @@ uint64_t chunk_residual_bytes(const CompressionConfig& config, int64_t numel, in
 
 struct CompressedAllreduce::Bucket {
   uint64_t id = 0;
-  int64_t numel = 0;
+  int64_t numel = 0;       // what is compressed: the bucket, or this rank's shard of it
+  int64_t full_numel = 0;  // the bucket
   DType dtype = DType::kFloat32;
   bool layout_checked = false;
   int current = 0;                          // which residual buffer holds the committed residual
@@ -149,6 +170,9 @@ struct CompressedAllreduce::Bucket {
   uint64_t slot_bytes = 0;     // one-phase q4 and top-k payloads
   uint64_t q4_slot_bytes = 0;  // two-phase q4 chunk payloads
   int64_t chunk = 0;
+  // Hierarchical: the bucket gathered from its segments (zero-padded to L shards), this rank's
+  // shard, and every local rank's reduced shard.
+  detail::BackendBuffer node_send, node_shard, node_gathered;
 };
 
 CompressedAllreduce::CompressedAllreduce(Communicator& comm, Backend& backend,
@@ -158,6 +182,17 @@ CompressedAllreduce::CompressedAllreduce(Communicator& comm, Backend& backend,
   GRADCOMP_CHECK(comm.device_memory() == backend.is_cuda(),
                  "communicator and backend disagree on host versus device memory");
   pending_.seed = config_.seed;
+  global_rank_ = comm.rank();
+}
+
+CompressedAllreduce::CompressedAllreduce(NodeGroups groups, Backend& backend,
+                                         const CompressionConfig& config)
+    : CompressedAllreduce(inter_node_of(groups), backend, config) {
+  GRADCOMP_CHECK(groups.intra_node->device_memory() == backend.is_cuda(),
+                 "intra-node communicator and backend disagree on host versus device memory");
+  const int local = groups.intra_node->world_size();
+  if (local > 1) node_ = groups.intra_node;
+  global_rank_ = comm_.rank() * local + groups.intra_node->rank();
 }
 
 CompressedAllreduce::~CompressedAllreduce() = default;
@@ -167,7 +202,7 @@ math::RngKey CompressedAllreduce::rng(const Bucket& b, uint32_t phase) const {
   key.seed = config_.seed;
   key.step = step_;
   key.bucket = static_cast<uint32_t>(b.id);
-  key.rank = static_cast<uint32_t>(comm_.rank());
+  key.rank = static_cast<uint32_t>(global_rank_);
   key.phase = phase;
   return key;
 }
@@ -175,27 +210,37 @@ math::RngKey CompressedAllreduce::rng(const Bucket& b, uint32_t phase) const {
 CompressedAllreduce::Bucket& CompressedAllreduce::bucket_for(const Segment* segments,
                                                              int num_segments, DType dtype,
                                                              uint64_t bucket_id) {
-  int64_t numel = 0;
-  for (int i = 0; i < num_segments; ++i) numel += segments[i].numel;
+  int64_t full = 0;
+  for (int i = 0; i < num_segments; ++i) full += segments[i].numel;
   auto it = buckets_.find(bucket_id);
   if (it != buckets_.end()) {
     Bucket& b = *it->second;
-    GRADCOMP_CHECK(b.numel == numel && b.dtype == dtype,
-                   "bucket " << bucket_id << " on rank " << comm_.rank() << " changed from "
-                             << b.numel << " " << dtype_name(b.dtype) << " elements to " << numel
-                             << " " << dtype_name(dtype)
+    GRADCOMP_CHECK(b.full_numel == full && b.dtype == dtype,
+                   "bucket " << bucket_id << " on rank " << global_rank_ << " changed from "
+                             << b.full_numel << " " << dtype_name(b.dtype) << " elements to "
+                             << full << " " << dtype_name(dtype)
                              << "; use a new bucket identity for a new layout");
     return b;
   }
+  const int local = local_world_size();
+  const int64_t numel = node_ != nullptr ? node_shard_numel(full, local) : full;
   if (config_.codec == Codec::kTopK) {
-    GRADCOMP_CHECK(numel <= kTopKMaxNumel, "bucket " << bucket_id << " on rank " << comm_.rank()
+    GRADCOMP_CHECK(numel <= kTopKMaxNumel, "bucket " << bucket_id << " on rank " << global_rank_
                                                      << " has " << numel
                                                      << " elements; top-k allows at most 2^31 - 1");
   }
   auto b = std::make_unique<Bucket>();
   b->id = bucket_id;
   b->numel = numel;
+  b->full_numel = full;
   b->dtype = dtype;
+  if (node_ != nullptr) {
+    const size_t shard_bytes = static_cast<size_t>(numel) * dtype_size(dtype);
+    b->node_send = Buffer(backend_, shard_bytes * local);
+    backend_.fill_zero(b->node_send.get(), shard_bytes * local);  // the padding stays zero
+    b->node_shard = Buffer(backend_, shard_bytes);
+    b->node_gathered = Buffer(backend_, shard_bytes * local);
+  }
   const int world = comm_.world_size();
   const size_t rbytes = static_cast<size_t>(numel) * dtype_size(config_.residual_dtype);
   if (config_.error_feedback) {
@@ -252,7 +297,7 @@ CompressedAllreduce::Bucket& CompressedAllreduce::bucket_for(const Segment* segm
     if (r == from.end()) return;
     GRADCOMP_CHECK(to[0].get() != nullptr && r->second.size() == to[0].bytes(),
                    "checkpoint " << what << " for bucket " << bucket_id << " on rank "
-                                 << comm_.rank() << " has " << r->second.size()
+                                 << global_rank_ << " has " << r->second.size()
                                  << " bytes, the bucket needs " << to[0].bytes());
     backend_.copy_from_host(to[0].get(), r->second.data(), r->second.size());
     from.erase(r);
@@ -269,15 +314,16 @@ void CompressedAllreduce::check_layout(const Bucket& b, uint64_t bucket_id) {
   LayoutFingerprint mine;
   std::memset(&mine, 0, sizeof mine);
   mine.bucket_id = bucket_id;
-  mine.numel = b.numel;
+  mine.numel = b.full_numel;
   mine.world = static_cast<uint32_t>(comm_.world_size());
+  mine.local_world = static_cast<uint32_t>(local_world_size());
   mine.codec = static_cast<uint8_t>(config_.codec);
   mine.dtype = static_cast<uint8_t>(b.dtype);
   mine.algorithm = static_cast<uint8_t>(config_.q4_algorithm);
   mine.residual_dtype = static_cast<uint8_t>(config_.residual_dtype);
   mine.param = config_.codec == Codec::kQ4
                    ? static_cast<uint32_t>(config_.q4.block_size)
-                   : static_cast<uint32_t>(topk_capacity(b.numel, config_.topk));
+                   : static_cast<uint32_t>(topk_capacity(b.full_numel, config_.topk));
   mine.error_feedback = config_.error_feedback ? 1 : 0;
   if (config_.codec == Codec::kTopK) {
     const TopKRemedies& r = config_.remedies;
@@ -290,22 +336,54 @@ void CompressedAllreduce::check_layout(const Bucket& b, uint64_t bucket_id) {
     if (r.warmup == TopKWarmup::kQ4)
       mine.warmup_block = static_cast<uint32_t>(config_.q4.block_size);
   }
-  const int world = comm_.world_size();
-  std::vector<LayoutFingerprint> all(world);
-  Buffer send(backend_, sizeof mine), recv(backend_, sizeof mine * world);
-  backend_.copy_from_host(send.get(), &mine, sizeof mine);
-  comm_.all_gather(send.get(), recv.get(), sizeof mine);
-  backend_.copy_to_host(all.data(), recv.get(), sizeof mine * world);
-  for (int w = 0; w < world; ++w) {
-    if (all[w] == all[0]) continue;
-    GRADCOMP_CHECK(false, "layout mismatch at the first compressed step: rank 0 has bucket "
-                              << all[0].bucket_id << " with " << all[0].numel << " elements (dtype "
-                              << int(all[0].dtype) << ", codec " << int(all[0].codec) << ", param "
-                              << all[0].param << "), rank " << w << " has bucket "
-                              << all[w].bucket_id << " with " << all[w].numel << " elements (dtype "
-                              << int(all[w].dtype) << ", codec " << int(all[w].codec) << ", param "
-                              << all[w].param << "); every rank must build identical buckets");
-  }
+  // Inside the node, across nodes, and inside the node again: every rank compares with every
+  // other and learns any mismatch, so all of them raise together instead of some waiting in the
+  // next collective. Ranks are named by their global rank.
+  struct Report {
+    LayoutFingerprint mine, first, other;
+    int32_t first_rank = -1, other_rank = -1;  // other_rank < 0: no mismatch found yet
+  };
+  Report report{};
+  report.first_rank = report.other_rank = -1;
+  report.mine = mine;
+  const int local = local_world_size();
+  const int node = comm_.rank(), local_rank = global_rank_ - node * local;
+  auto exchange = [&](Communicator& group, auto global_of) {
+    const int world = group.world_size();
+    std::vector<Report> all(world);
+    Buffer send(backend_, sizeof report), recv(backend_, sizeof report * world);
+    backend_.copy_from_host(send.get(), &report, sizeof report);
+    group.all_gather(send.get(), recv.get(), sizeof report);
+    backend_.copy_to_host(all.data(), recv.get(), sizeof report * world);
+    for (int w = 0; w < world && report.other_rank < 0; ++w) {
+      if (all[w].other_rank < 0) continue;
+      report = all[w];
+      report.mine = mine;
+    }
+    for (int w = 0; w < world && report.other_rank < 0; ++w) {
+      if (all[w].mine == all[0].mine) continue;
+      report.first = all[0].mine;
+      report.other = all[w].mine;
+      report.first_rank = global_of(0);
+      report.other_rank = global_of(w);
+    }
+  };
+  auto in_node = [&](int w) { return node * local + w; };
+  if (node_ != nullptr) exchange(*node_, in_node);
+  exchange(comm_, [&](int w) { return w * local + local_rank; });
+  if (node_ != nullptr) exchange(*node_, in_node);
+  if (report.other_rank < 0) return;
+  auto describe = [](int rank, const LayoutFingerprint& f) {
+    std::ostringstream o;
+    o << "rank " << rank << " has bucket " << f.bucket_id << " with " << f.numel
+      << " elements (dtype " << int(f.dtype) << ", codec " << int(f.codec) << ", param " << f.param
+      << ", " << f.local_world << " ranks per node)";
+    return o.str();
+  };
+  GRADCOMP_CHECK(false, "layout mismatch at the first compressed step: "
+                            << describe(report.first_rank, report.first) << ", "
+                            << describe(report.other_rank, report.other)
+                            << "; every rank must build identical buckets");
 }
 
 bool CompressedAllreduce::allreduce(const Segment* segments, int num_segments, DType dtype,
@@ -322,6 +400,29 @@ void CompressedAllreduce::enqueue_allreduce(const Segment* segments, int num_seg
     check_layout(b, bucket_id);
     b.layout_checked = true;
   }
+  if (node_ == nullptr) {
+    run_compressed(b, segments, num_segments, dtype);
+    return;
+  }
+  const size_t esize = dtype_size(dtype);
+  const size_t shard_bytes = static_cast<size_t>(b.numel) * esize;
+  for (int i = 0; i < num_segments; ++i) {
+    backend_.copy(b.node_send.get() + static_cast<size_t>(segments[i].offset) * esize,
+                  segments[i].data, static_cast<size_t>(segments[i].numel) * esize);
+  }
+  node_->reduce_scatter_mean(b.node_send.get(), b.node_shard.get(), b.numel, dtype);
+  const Segment shard{b.node_shard.get(), 0, b.numel};
+  run_compressed(b, &shard, 1, dtype);
+  node_->all_gather(b.node_shard.get(), b.node_gathered.get(), shard_bytes);
+  for (int i = 0; i < num_segments; ++i) {
+    backend_.copy(segments[i].data,
+                  b.node_gathered.get() + static_cast<size_t>(segments[i].offset) * esize,
+                  static_cast<size_t>(segments[i].numel) * esize);
+  }
+}
+
+void CompressedAllreduce::run_compressed(Bucket& b, const Segment* segments, int num_segments,
+                                         DType dtype) {
   if (config_.codec == Codec::kTopK) {
     run_topk(b, segments, num_segments, dtype);
   } else if (config_.q4_algorithm == Q4Algorithm::kTwoPhase) {
@@ -539,7 +640,7 @@ void CompressedAllreduce::revert_bucket(uint64_t bucket_id) {
 
 int64_t CompressedAllreduce::bucket_numel(uint64_t bucket_id) const {
   auto it = buckets_.find(bucket_id);
-  return it == buckets_.end() ? -1 : it->second->numel;
+  return it == buckets_.end() ? -1 : it->second->full_numel;
 }
 
 void CompressedAllreduce::release_bucket(uint64_t bucket_id) {
@@ -552,7 +653,7 @@ void CompressedAllreduce::release_bucket(uint64_t bucket_id) {
 void CompressedAllreduce::load_state(const CompressionState& s) {
   GRADCOMP_CHECK(s.seed == config_.seed, "checkpoint seed "
                                              << s.seed << " differs from the configured seed "
-                                             << config_.seed << " on rank " << comm_.rank());
+                                             << config_.seed << " on rank " << global_rank_);
   step_ = s.step;
   buckets_.clear();
   pending_ = s;

@@ -24,8 +24,9 @@ FaultSpec::Action FaultSpec::parse_action(const std::string& name) {
 FaultInjectingCommunicator::FaultInjectingCommunicator(Communicator& inner, FaultSpec spec)
     : inner_(inner), spec_(std::move(spec)) {
   GRADCOMP_CHECK(spec_.collective == "all_to_all" || spec_.collective == "all_gather" ||
-                     spec_.collective == "allreduce",
-                 "fault collective must be all_to_all, all_gather or allreduce, got '"
+                     spec_.collective == "allreduce" || spec_.collective == "reduce_scatter",
+                 "fault collective must be all_to_all, all_gather, allreduce or reduce_scatter, "
+                 "got '"
                      << spec_.collective << "'");
   GRADCOMP_CHECK(spec_.rank >= 0 && spec_.rank < inner_.world_size(),
                  "fault rank " << spec_.rank << " outside the group");
@@ -36,9 +37,10 @@ FaultInjectingCommunicator::FaultInjectingCommunicator(Communicator& inner, Faul
 }
 
 bool FaultInjectingCommunicator::strikes(const char* collective) {
-  const int which = std::strcmp(collective, "all_to_all") == 0
-                        ? 0
-                        : (std::strcmp(collective, "all_gather") == 0 ? 1 : 2);
+  static const char* const kCollectives[] = {"all_to_all", "all_gather", "allreduce",
+                                             "reduce_scatter"};
+  int which = 0;
+  while (std::strcmp(collective, kCollectives[which]) != 0) ++which;
   const uint64_t call = calls_[which]++;
   return spec_.action != FaultSpec::Action::kNone && spec_.collective == collective &&
          spec_.call == call;
@@ -102,6 +104,14 @@ void FaultInjectingCommunicator::run_allreduce_mean(void* data, int64_t numel, D
   const bool strike = strikes("allreduce");
   before(strike);
   inner_.allreduce_mean(data, numel, dtype);
+  after(strike, nullptr, 0);
+}
+
+void FaultInjectingCommunicator::run_reduce_scatter_mean(void* send, void* recv,
+                                                         int64_t numel_per_rank, DType dtype) {
+  const bool strike = strikes("reduce_scatter");
+  before(strike);
+  inner_.reduce_scatter_mean(send, recv, numel_per_rank, dtype);
   after(strike, nullptr, 0);
 }
 

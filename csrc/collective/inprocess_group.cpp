@@ -44,7 +44,7 @@ struct InProcessGroup::Shared {
 
 namespace {
 
-enum Op { kAllToAll = 1, kAllGather = 2, kAllreduce = 3 };
+enum Op { kAllToAll = 1, kAllGather = 2, kAllreduce = 3, kReduceScatter = 4 };
 
 class InProcessCommunicator final : public Communicator {
  public:
@@ -64,23 +64,41 @@ class InProcessCommunicator final : public Communicator {
   // Every rank scales each rank's values by 1/W in fp32 and sums them in rank order, so all ranks
   // end with the same values.
   void run_allreduce_mean(void* data, int64_t numel, DType dtype) override {
-    const size_t bytes = static_cast<size_t>(numel) * dtype_size(dtype);
-    post(kAllreduce, "allreduce", data, bytes);
-    auto& s = *shared_;
+    post(kAllreduce, "allreduce", data, static_cast<size_t>(numel) * dtype_size(dtype));
+    const std::vector<float> sum = mean_of_slice(0, numel, dtype);
+    // Nobody may overwrite its values before every rank has read them.
+    shared_->barrier(rank_, "allreduce");
+    store(data, sum, dtype);
+    shared_->barrier(rank_, "allreduce");
+  }
+  // The same arithmetic on slice rank() of every rank's send.
+  void run_reduce_scatter_mean(void* send, void* recv, int64_t numel_per_rank,
+                               DType dtype) override {
+    post(kReduceScatter, "reduce_scatter", send,
+         static_cast<size_t>(numel_per_rank) * dtype_size(dtype));
+    store(recv, mean_of_slice(numel_per_rank * rank_, numel_per_rank, dtype), dtype);
+    shared_->barrier(rank_, "reduce_scatter");
+  }
+
+ private:
+  std::vector<float> mean_of_slice(int64_t begin, int64_t numel, DType dtype) const {
+    const auto& s = *shared_;
     const uint8_t code = static_cast<uint8_t>(dtype);
     const float scale = 1.0f / static_cast<float>(s.world);
     std::vector<float> sum(static_cast<size_t>(numel), 0.0f);
     for (int w = 0; w < s.world; ++w) {
       for (int64_t i = 0; i < numel; ++i)
-        sum[i] = math::add_rn(sum[i], math::mul_rn(math::load_as_float(s.send[w], i, code), scale));
+        sum[i] = math::add_rn(sum[i],
+                              math::mul_rn(math::load_as_float(s.send[w], begin + i, code), scale));
     }
-    // Nobody may overwrite its values before every rank has read them.
-    s.barrier(rank_, "allreduce");
-    for (int64_t i = 0; i < numel; ++i) math::store_from_float(data, i, code, sum[i]);
-    s.barrier(rank_, "allreduce");
+    return sum;
+  }
+  static void store(void* data, const std::vector<float>& values, DType dtype) {
+    const uint8_t code = static_cast<uint8_t>(dtype);
+    for (size_t i = 0; i < values.size(); ++i)
+      math::store_from_float(data, static_cast<int64_t>(i), code, values[i]);
   }
 
- private:
   // Publishes this rank's buffer and waits for every rank's, checking they match.
   void post(int op, const char* what, const void* send, size_t bytes) {
     auto& s = *shared_;

@@ -25,12 +25,25 @@ void NcclCommunicator::run_all_gather(const void* send, void* recv, size_t bytes
   GRADCOMP_NCCL_CHECK(ncclAllGather(send, recv, bytes, ncclUint8, comm_, stream_));
 }
 
-void NcclCommunicator::run_allreduce_mean(void* data, int64_t numel, DType dtype) {
-  const ncclDataType_t type = dtype == DType::kFloat32
-                                  ? ncclFloat32
+namespace {
+
+ncclDataType_t nccl_type(DType dtype) {
+  return dtype == DType::kFloat32 ? ncclFloat32
                                   : (dtype == DType::kFloat16 ? ncclFloat16 : ncclBfloat16);
+}
+
+}  // namespace
+
+void NcclCommunicator::run_allreduce_mean(void* data, int64_t numel, DType dtype) {
+  const ncclDataType_t type = nccl_type(dtype);
   GRADCOMP_NCCL_CHECK(
       ncclAllReduce(data, data, static_cast<size_t>(numel), type, ncclAvg, comm_, stream_));
+}
+
+void NcclCommunicator::run_reduce_scatter_mean(void* send, void* recv, int64_t numel_per_rank,
+                                               DType dtype) {
+  GRADCOMP_NCCL_CHECK(ncclReduceScatter(send, recv, static_cast<size_t>(numel_per_rank),
+                                        nccl_type(dtype), ncclAvg, comm_, stream_));
 }
 
 }  // namespace gradcomp

@@ -3,10 +3,12 @@
 
 #include <exception>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "gradcomp/collectives.h"
 #include "gradcomp/inprocess_group.h"
 
 namespace gradcomp {
@@ -37,6 +39,35 @@ inline void run_ranks(InProcessGroup& group, const std::function<void(int, Commu
       errors->push_back(e.what());
     }
   }
+}
+
+// Simulated nodes: `nodes` x `local` in-process ranks, node-major (rank = node * local + local
+// rank), with an intra-node group per node and an inter-node group per local rank.
+class NodeGrid {
+ public:
+  NodeGrid(int nodes, int local, double timeout_seconds = 10.0) : nodes_(nodes), local_(local) {
+    for (int n = 0; n < nodes; ++n)
+      intra_.push_back(std::make_unique<InProcessGroup>(local, timeout_seconds));
+    for (int l = 0; l < local; ++l)
+      inter_.push_back(std::make_unique<InProcessGroup>(nodes, timeout_seconds));
+  }
+  int world_size() const { return nodes_ * local_; }
+  NodeGroups groups(int rank) {
+    return {&intra_[rank / local_]->communicator(rank % local_),
+            &inter_[rank % local_]->communicator(rank / local_)};
+  }
+
+ private:
+  int nodes_, local_;
+  std::vector<std::unique_ptr<InProcessGroup>> intra_, inter_;
+};
+
+// Runs fn(rank, groups) on one thread per rank of the grid; rethrows the first failure.
+inline void run_grid(NodeGrid& grid, const std::function<void(int, NodeGroups)>& fn,
+                     std::vector<std::string>* errors = nullptr) {
+  InProcessGroup threads(grid.world_size());
+  run_ranks(
+      threads, [&](int rank, Communicator&) { fn(rank, grid.groups(rank)); }, errors);
 }
 
 }  // namespace testing

@@ -44,7 +44,11 @@ std::vector<Variant> variants() {
 // every rank's residuals itself.
 class Reference {
  public:
-  Reference(const CompressionConfig& c, int world, int64_t n) : c_(c), world_(world), n_(n) {
+  // key_ranks: the rank each member's random bits are keyed by (default: its place).
+  Reference(const CompressionConfig& c, int world, int64_t n, std::vector<uint32_t> key_ranks = {})
+      : c_(c), world_(world), n_(n), key_ranks_(std::move(key_ranks)) {
+    if (key_ranks_.empty())
+      for (int w = 0; w < world; ++w) key_ranks_.push_back(static_cast<uint32_t>(w));
     res1_.assign(world, std::vector<float>(n, 0.0f));
     const int B = c.q4.block_size;
     chunk_ = std::max<int64_t>(B, ((n + world - 1) / world + B - 1) / B * B);
@@ -103,8 +107,8 @@ class Reference {
     for (int w = 0; w < world_; ++w) {
       for (int c = 0; c < world_; ++c) {
         std::vector<float> r(res1_[w].begin() + c * chunk_, res1_[w].begin() + c * chunk_ + cn(c));
-        p1[w].push_back(
-            encode(x[w].segment(), c * chunk_, cn(c), r, {c_.seed, step, bucket, (uint32_t)w, 0}));
+        p1[w].push_back(encode(x[w].segment(), c * chunk_, cn(c), r,
+                               {c_.seed, step, bucket, key_ranks_[w], 0}));
         std::copy(r.begin(), r.end(), res1_[w].begin() + c * chunk_);
       }
     }
@@ -116,7 +120,7 @@ class Reference {
       decode(ptrs, p1[0][c].size(), cn(c), sum.data(), c * chunk_, 1.0f);
       std::vector<float> r(res2_[c].begin(), res2_[c].begin() + cn(c));
       auto p2 = encode(Segment{sum.data(), c * chunk_, chunk_}, c * chunk_, cn(c), r,
-                       {c_.seed, step, bucket, (uint32_t)c, 1});
+                       {c_.seed, step, bucket, key_ranks_[c], 1});
       std::copy(r.begin(), r.end(), res2_[c].begin());
       decode({p2.data()}, p2.size(), cn(c), result.data() + c * chunk_, c * chunk_, float(world_));
     }
@@ -127,7 +131,7 @@ class Reference {
     std::vector<std::vector<uint8_t>> p(world_);
     std::vector<const uint8_t*> ptrs;
     for (int w = 0; w < world_; ++w) {
-      p[w] = encode(x[w].segment(), 0, n_, res1_[w], {c_.seed, step, bucket, (uint32_t)w, 0});
+      p[w] = encode(x[w].segment(), 0, n_, res1_[w], {c_.seed, step, bucket, key_ranks_[w], 0});
       ptrs.push_back(p[w].data());
     }
     std::vector<float> result(n_);
@@ -156,6 +160,7 @@ class Reference {
   CompressionConfig c_;
   int world_;
   int64_t n_, chunk_;
+  std::vector<uint32_t> key_ranks_;
   std::vector<std::vector<float>> res1_, res2_;
 };
 
@@ -205,6 +210,233 @@ TEST_P(CollectiveEquality, MatchesTheDecodeAndSumReferenceAndTheByteFormula) {
 INSTANTIATE_TEST_SUITE_P(Worlds, CollectiveEquality,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 8),
                                             ::testing::Range(0, 4)));
+
+// ---- hierarchical: nodes x local ranks --------------------------------------------------------
+
+// What the hierarchical allreduce computes, step by step: each shard averaged over its node (the
+// in-process transport's arithmetic: x / L summed in local-rank order), the flat reference of
+// that shard across nodes with random bits keyed by the global ranks, the shards put together.
+class HierarchicalReference {
+ public:
+  HierarchicalReference(const CompressionConfig& c, int nodes, int local, int64_t n)
+      : nodes_(nodes), local_(local), n_(n), shard_(node_shard_numel(n, local)) {
+    for (int l = 0; l < local; ++l) {
+      std::vector<uint32_t> keys;
+      for (int node = 0; node < nodes; ++node) keys.push_back(node * local + l);
+      inner_.emplace_back(c, nodes, shard_, keys);
+    }
+  }
+
+  std::vector<float> step(const std::vector<HostTensor>& x, uint32_t step, uint32_t bucket) {
+    std::vector<float> out(shard_ * local_);
+    const float scale = 1.0f / static_cast<float>(local_);
+    for (int l = 0; l < local_; ++l) {
+      std::vector<HostTensor> shards;
+      for (int node = 0; node < nodes_; ++node) {
+        std::vector<float> mean(shard_, 0.0f);
+        for (int j = 0; j < local_; ++j) {
+          const std::vector<float> v = x[node * local_ + j].floats();
+          for (int64_t i = 0; i < shard_; ++i) {
+            const int64_t at = l * shard_ + i;
+            mean[i] = math::add_rn(mean[i], math::mul_rn(at < n_ ? v[at] : 0.0f, scale));
+          }
+        }
+        shards.push_back(HostTensor::from_floats(DType::kFloat32, mean));
+      }
+      const std::vector<float> r = inner_[l].step(shards, step, bucket);
+      std::copy(r.begin(), r.end(), out.begin() + l * shard_);
+    }
+    out.resize(n_);
+    return out;
+  }
+
+ private:
+  int nodes_, local_;
+  int64_t n_, shard_;
+  std::vector<Reference> inner_;
+};
+
+class HierarchicalEquality : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
+
+TEST_P(HierarchicalEquality, MatchesNodeMeanThenFlatReferencePerShardAndTheByteFormulas) {
+  const int nodes = std::get<0>(GetParam()), local = std::get<1>(GetParam());
+  const int world = nodes * local;
+  const Variant v = variants()[std::get<2>(GetParam())];
+  for (int64_t n : {1, 1000, 4099}) {
+    testing::NodeGrid grid(nodes, local);
+    HierarchicalReference ref(v.config, nodes, local, n);
+    std::vector<std::vector<float>> results(world);
+    std::vector<uint64_t> inter_sent(world), intra_sent(world);
+    std::vector<std::unique_ptr<Backend>> backends;
+    for (int r = 0; r < world; ++r) backends.push_back(make_cpu_backend());
+    std::vector<std::unique_ptr<CompressedAllreduce>> engines(world);
+    for (uint32_t step = 0; step < 3; ++step) {
+      std::vector<HostTensor> inputs;
+      for (int r = 0; r < world; ++r)
+        inputs.push_back(
+            HostTensor::from_floats(DType::kFloat32, testing::normal_floats(n, 1000 * step + r)));
+      const std::vector<float> expect = ref.step(inputs, step, 7);
+      testing::run_grid(grid, [&](int rank, NodeGroups groups) {
+        if (!engines[rank])
+          engines[rank] = std::make_unique<CompressedAllreduce>(groups, *backends[rank], v.config);
+        engines[rank]->set_step(step);
+        HostTensor x = inputs[rank];
+        Segment seg = x.segment();
+        const uint64_t inter0 = groups.inter_node->bytes_sent();
+        const uint64_t intra0 = groups.intra_node->bytes_sent();
+        ASSERT_TRUE(engines[rank]->allreduce(&seg, 1, DType::kFloat32, 7));
+        inter_sent[rank] = groups.inter_node->bytes_sent() - inter0;
+        intra_sent[rank] = groups.intra_node->bytes_sent() - intra0;
+        results[rank] = x.floats();
+      });
+      for (int r = 0; r < world; ++r) {
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_TRUE(testing::same_bits(results[r][i], expect[i]))
+              << v.name << " " << nodes << "x" << local << " n=" << n << " step " << step
+              << " rank " << r << " element " << i << ": " << results[r][i] << " vs " << expect[i];
+        if (step == 0) continue;  // the first step also compares layouts
+        EXPECT_EQ(inter_sent[r], inter_node_bytes_sent(v.config, n, nodes, local)) << v.name;
+        EXPECT_EQ(intra_sent[r], intra_node_bytes_sent(n, DType::kFloat32, local)) << v.name;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Grids, HierarchicalEquality,
+                         ::testing::Combine(::testing::Values(2), ::testing::Values(2, 4),
+                                            ::testing::Range(0, 4)));
+INSTANTIATE_TEST_SUITE_P(Edges, HierarchicalEquality,
+                         ::testing::Combine(::testing::Values(1, 3, 4), ::testing::Values(1, 3),
+                                            ::testing::Values(0, 2)));
+
+TEST(Hierarchical, OneRankPerNodeIsTheFlatSchemeByteForByte) {
+  for (const Variant& v : variants()) {
+    const int world = 3;
+    testing::NodeGrid grid(world, 1);
+    InProcessGroup flat_group(world);
+    std::vector<std::vector<uint8_t>> hier_out(world), flat_out(world);
+    std::vector<CompressionState> hier_state(world), flat_state(world);
+    std::vector<uint64_t> hier_sent(world), flat_sent(world);
+    auto input = [](int rank, uint32_t step) {
+      return HostTensor::from_floats(DType::kBFloat16,
+                                     testing::normal_floats(900, 7 * step + rank));
+    };
+    testing::run_grid(grid, [&](int rank, NodeGroups groups) {
+      auto backend = make_cpu_backend();
+      CompressedAllreduce a(groups, *backend, v.config);
+      EXPECT_EQ(a.local_world_size(), 1);
+      for (uint32_t step = 0; step < 3; ++step, a.advance_step()) {
+        HostTensor x = input(rank, step);
+        Segment seg = x.segment();
+        a.allreduce(&seg, 1, DType::kBFloat16, 5);
+        hier_out[rank].insert(hier_out[rank].end(), x.bytes.begin(), x.bytes.end());
+      }
+      hier_state[rank] = a.state();
+      hier_sent[rank] = groups.inter_node->bytes_sent() + groups.intra_node->bytes_sent();
+    });
+    run_ranks(flat_group, [&](int rank, Communicator& comm) {
+      auto backend = make_cpu_backend();
+      CompressedAllreduce a(comm, *backend, v.config);
+      for (uint32_t step = 0; step < 3; ++step, a.advance_step()) {
+        HostTensor x = input(rank, step);
+        Segment seg = x.segment();
+        a.allreduce(&seg, 1, DType::kBFloat16, 5);
+        flat_out[rank].insert(flat_out[rank].end(), x.bytes.begin(), x.bytes.end());
+      }
+      flat_state[rank] = a.state();
+      flat_sent[rank] = comm.bytes_sent();
+    });
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(hier_out[r], flat_out[r]) << v.name << " rank " << r;
+      EXPECT_EQ(hier_state[r].residuals, flat_state[r].residuals) << v.name;
+      EXPECT_EQ(hier_state[r].chunk_residuals, flat_state[r].chunk_residuals) << v.name;
+      EXPECT_EQ(hier_sent[r], flat_sent[r]) << v.name;
+    }
+  }
+}
+
+TEST(Hierarchical, InterNodeBytesAreAnLthOfTheFlatSchemes) {
+  CompressionConfig c;
+  const int64_t n = 25 * 1000 * 1000;
+  for (int local : {2, 4, 8}) {
+    for (int nodes : {2, 4}) {
+      const double flat = compressed_allreduce_bytes_sent(c, n, nodes * local);
+      const double hier = inter_node_bytes_sent(c, n, nodes, local);
+      // Per node: L ranks each send their shard's exchange; flat, L ranks each send the whole
+      // bucket's (a world of nodes * L: nearly all of it leaves the node).
+      EXPECT_NEAR(hier / flat,
+                  1.0 / local * (nodes - 1) / nodes * (nodes * local) / (nodes * local - 1), 0.01)
+          << nodes << "x" << local;
+    }
+  }
+}
+
+TEST(Hierarchical, LayoutMismatchAcrossNodesNamesTheRanksOnEveryRank) {
+  // Rank 3 (node 1, local rank 1) differs: inside node 1 first; rank 1 only across nodes.
+  for (int odd : {3, 1}) {
+    testing::NodeGrid grid(2, 2, 5.0);
+    std::vector<std::string> errors;
+    const auto start = std::chrono::steady_clock::now();
+    testing::run_grid(
+        grid,
+        [&](int rank, NodeGroups groups) {
+          auto backend = make_cpu_backend();
+          CompressedAllreduce engine(groups, *backend, CompressionConfig{});
+          HostTensor x(DType::kFloat32, rank == odd ? 1064 : 1000);
+          Segment seg = x.segment();
+          engine.allreduce(&seg, 1, DType::kFloat32, 0);
+        },
+        &errors);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+    ASSERT_EQ(errors.size(), 4u);
+    for (auto& e : errors) {
+      EXPECT_NE(e.find("layout mismatch"), std::string::npos) << e;
+      EXPECT_NE(e.find("rank " + std::to_string(odd) + " has bucket 0 with 1064 elements"),
+                std::string::npos)
+          << e;
+    }
+  }
+}
+
+TEST(Hierarchical, CheckpointResumeIsBitIdenticalAndKeepsShardResiduals) {
+  for (const Variant& v : variants()) {
+    testing::NodeGrid grid(2, 2);
+    const int world = 4;
+    std::vector<std::vector<float>> uninterrupted(world), resumed(world);
+    std::vector<uint64_t> residual_size(world);
+    auto input = [](int rank, uint32_t step) {
+      return HostTensor::from_floats(DType::kBFloat16,
+                                     testing::normal_floats(701, 100 * step + rank));
+    };
+    testing::run_grid(grid, [&](int rank, NodeGroups groups) {
+      auto backend = make_cpu_backend();
+      CompressedAllreduce a(groups, *backend, v.config);
+      CompressionState saved;
+      for (uint32_t step = 0; step < 5; ++step) {
+        if (step == 3) saved = a.state();
+        HostTensor x = input(rank, step);
+        Segment seg = x.segment();
+        a.allreduce(&seg, 1, DType::kBFloat16, 11);
+        a.advance_step();
+        if (step == 4) uninterrupted[rank] = x.floats();
+      }
+      residual_size[rank] = saved.residuals.at(11).size();
+      CompressedAllreduce b(groups, *backend, v.config);
+      b.load_state(saved);
+      for (uint32_t step = 3; step < 5; ++step) {
+        HostTensor x = input(rank, step);
+        Segment seg = x.segment();
+        b.allreduce(&seg, 1, DType::kBFloat16, 11);
+        b.advance_step();
+        if (step == 4) resumed[rank] = x.floats();
+      }
+    });
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(uninterrupted[r], resumed[r]) << v.name << " rank " << r;
+      EXPECT_EQ(residual_size[r], residual_bytes(v.config, node_shard_numel(701, 2))) << v.name;
+    }
+  }
+}
 
 TEST(Collectives, BytesFormulaIsAboutAnEighthOfFp32AtAnyWorldSize) {
   CompressionConfig c;

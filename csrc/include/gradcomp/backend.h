@@ -24,6 +24,8 @@ class Backend {
   virtual void fill_zero(void* p, size_t bytes) = 0;
   virtual void copy_to_host(void* host, const void* src, size_t bytes) = 0;
   virtual void copy_from_host(void* dst, const void* host, size_t bytes) = 0;
+  // Between two buffers of the backend's memory, in stream order (CUDA: nothing waits).
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void q4_encode(const Q4EncodeParams& p) = 0;
   virtual void q4_decode(const Q4DecodeParams& p) = 0;
   virtual void topk_encode(const TopKEncodeParams& p) = 0;

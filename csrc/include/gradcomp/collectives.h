@@ -64,6 +64,24 @@ bool topk_sends_q4_at(const CompressionConfig& config, uint32_t step);
 uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_t numel, int world,
                                          uint32_t step = ~0u);
 
+// A hierarchical reduction's two groups (docs/algorithms.md). Ranks are node-major: global rank
+// = node * L + local rank, with L = intra_node->world_size(); intra_node holds the node's L ranks
+// in local-rank order, inter_node this local rank on every node in node order.
+struct NodeGroups {
+  Communicator* intra_node = nullptr;
+  Communicator* inter_node = nullptr;
+};
+
+// The elements of a bucket one local rank compresses across nodes: ceil(numel / L) (the last
+// local ranks' shards are padded with zeros).
+int64_t node_shard_numel(int64_t numel, int local_world);
+// Bytes one rank sends in one hierarchical allreduce: across nodes, the compressed allreduce of
+// its shard among `nodes` ranks; inside the node, the reduce-scatter and allgather of the shards
+// in the bucket dtype.
+uint64_t inter_node_bytes_sent(const CompressionConfig& config, int64_t numel, int nodes,
+                               int local_world, uint32_t step = ~0u);
+uint64_t intra_node_bytes_sent(int64_t numel, DType dtype, int local_world);
+
 // Bytes of a bucket's residuals (phase 1 / whole bucket, and the own-chunk residual of two-phase
 // q4; 0 when the configuration keeps none), for checking checkpoints.
 uint64_t residual_bytes(const CompressionConfig& config, int64_t numel);
@@ -85,7 +103,12 @@ struct CompressionState {
 // bucket's error-feedback residuals keyed by a caller-chosen stable bucket identity.
 class CompressedAllreduce {
  public:
+  // Flat: every rank compresses its whole bucket and exchanges it with every other rank.
   CompressedAllreduce(Communicator& comm, Backend& backend, const CompressionConfig& config);
+  // Hierarchical: a mean reduce-scatter inside the node, the compressed allreduce of this rank's
+  // shard across nodes (residuals and random bits keyed by the global rank, so each shard has
+  // its own), an allgather inside the node. With one rank per node it is the flat scheme.
+  CompressedAllreduce(NodeGroups groups, Backend& backend, const CompressionConfig& config);
   ~CompressedAllreduce();
   CompressedAllreduce(const CompressedAllreduce&) = delete;
   CompressedAllreduce& operator=(const CompressedAllreduce&) = delete;
@@ -124,11 +147,16 @@ class CompressedAllreduce {
   void revert_bucket(uint64_t bucket_id);
   // The element count of a bucket this allreduce has reduced, or -1.
   int64_t bucket_numel(uint64_t bucket_id) const;
+  // Ranks per node (1: flat) and this rank's place among all ranks.
+  int local_world_size() const { return node_ != nullptr ? node_->world_size() : 1; }
+  int global_rank() const { return global_rank_; }
 
  private:
   struct Bucket;
   Bucket& bucket_for(const Segment* segments, int num_segments, DType dtype, uint64_t bucket_id);
   void check_layout(const Bucket& b, uint64_t bucket_id);
+  // The compressed exchange of a bucket, or of this rank's shard of it, over comm_.
+  void run_compressed(Bucket& b, const Segment* segments, int num_segments, DType dtype);
   // Encodes `source` (the bucket itself, or top-k's accumulated gradient) and decodes the mean
   // into `segments`.
   void run_q4_two_phase(Bucket& b, const Segment* source, int num_source, uint8_t source_dtype,
@@ -141,7 +169,9 @@ class CompressedAllreduce {
                      int64_t offset) const;
   math::RngKey rng(const Bucket& b, uint32_t phase) const;
 
-  Communicator& comm_;
+  Communicator& comm_;            // all ranks (flat) or the inter-node group
+  Communicator* node_ = nullptr;  // the intra-node group of a hierarchical reduction
+  int global_rank_ = 0;
   Backend& backend_;
   CompressionConfig config_;
   uint32_t step_ = 0;

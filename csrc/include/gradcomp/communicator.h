@@ -11,6 +11,9 @@ namespace gradcomp {
 // Bytes one rank sends in a ring allreduce of numel elements of dtype: what gradcomp's traffic is
 // compared against, and what the uncompressed path is counted as.
 uint64_t ring_allreduce_bytes(int64_t numel, DType dtype, int world);
+// Bytes one rank sends in a reduce-scatter (or an allgather) of numel_per_rank elements to each of
+// world ranks: (world - 1) * numel_per_rank elements.
+uint64_t reduce_scatter_bytes(int64_t numel_per_rank, DType dtype, int world);
 
 // Buffers are host memory or device memory as device_memory() says; every rank calls each
 // collective with equal sizes. The public calls count bytes and time and turn a transport's
@@ -29,6 +32,10 @@ class Communicator {
   // Averages numel elements in place over the ranks: the uncompressed path. How the mean rounds
   // is the transport's (the c10d one scales by 1/W and sums, as DDP without a hook does).
   void allreduce_mean(void* data, int64_t numel, DType dtype);
+  // recv (numel_per_rank elements) receives the mean over the ranks of slice rank() of send
+  // (world_size() slices of numel_per_rank elements), rounded as allreduce_mean rounds. send is
+  // scratch: the transport may scale it in place.
+  void reduce_scatter_mean(void* send, void* recv, int64_t numel_per_rank, DType dtype);
 
   // Bytes this rank has put on the wire (its own slot is not counted; a plain allreduce counts
   // as ring_allreduce_bytes).
@@ -41,6 +48,8 @@ class Communicator {
   virtual void run_all_to_all(const void* send, void* recv, size_t bytes_per_rank) = 0;
   virtual void run_all_gather(const void* send, void* recv, size_t bytes_per_rank) = 0;
   virtual void run_allreduce_mean(void* data, int64_t numel, DType dtype) = 0;
+  virtual void run_reduce_scatter_mean(void* send, void* recv, int64_t numel_per_rank,
+                                       DType dtype) = 0;
 
  private:
   template <typename F>

@@ -20,7 +20,7 @@ struct FaultSpec {
                 // for the test to kill the process there
   };
   Action action = Action::kNone;
-  std::string collective = "all_gather";  // all_to_all, all_gather or allreduce
+  std::string collective = "all_gather";  // all_to_all, all_gather, allreduce, reduce_scatter
   uint64_t call = 0;                      // which call of that collective on this rank, from 0
   int rank = 0;
   bool after = false;  // kFail / kPause: after the collective's data moved instead of before
@@ -41,6 +41,8 @@ class FaultInjectingCommunicator final : public Communicator {
   void run_all_to_all(const void* send, void* recv, size_t bytes_per_rank) override;
   void run_all_gather(const void* send, void* recv, size_t bytes_per_rank) override;
   void run_allreduce_mean(void* data, int64_t numel, DType dtype) override;
+  void run_reduce_scatter_mean(void* send, void* recv, int64_t numel_per_rank,
+                               DType dtype) override;
 
  private:
   // Whether this call is the one to break; counts the calls of each collective.
@@ -51,7 +53,7 @@ class FaultInjectingCommunicator final : public Communicator {
 
   Communicator& inner_;
   FaultSpec spec_;
-  uint64_t calls_[3] = {0, 0, 0};
+  uint64_t calls_[4] = {0, 0, 0, 0};
 };
 
 }  // namespace gradcomp

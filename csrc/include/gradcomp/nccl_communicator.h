@@ -30,6 +30,9 @@ class NcclCommunicator final : public Communicator {
   void run_all_gather(const void* send, void* recv, size_t bytes_per_rank) override;
   // ncclAvg on the communicator's stream.
   void run_allreduce_mean(void* data, int64_t numel, DType dtype) override;
+  // ncclReduceScatter with ncclAvg on the communicator's stream.
+  void run_reduce_scatter_mean(void* send, void* recv, int64_t numel_per_rank,
+                               DType dtype) override;
 
  private:
   ncclComm_t comm_;

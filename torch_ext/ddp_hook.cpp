@@ -64,21 +64,28 @@ uint64_t ddp_bucket_identity(int64_t index, const at::Tensor& buffer,
 
 namespace {
 
-EngineOptions with_world(EngineOptions o, const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+EngineOptions with_world(EngineOptions o, const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                         const NodeProcessGroups& nodes) {
   GRADCOMP_TORCH_CHECK(group, "the DDP model has no process group");
+  GRADCOMP_TORCH_CHECK(!nodes.intra_node == !nodes.inter_node,
+                       "node process groups need both the intra-node and the inter-node group");
   o.world_size = group->getSize();
+  o.local_world_size = nodes.intra_node ? nodes.intra_node->getSize() : 1;
   return o;
 }
 
 }  // namespace
 
 DdpHook::DdpHook(c10::intrusive_ptr<c10d::ProcessGroup> group, EngineOptions options,
-                 std::chrono::milliseconds timeout, FaultSpec fault)
+                 std::chrono::milliseconds timeout, FaultSpec fault, NodeProcessGroups nodes)
     : group_(std::move(group)),
       compress_(options.compress),
       timeout_(timeout),
       fault_(std::move(fault)),
-      engine_(call_core([&] { return BucketEngine(with_world(std::move(options), group_)); })) {}
+      nodes_(std::move(nodes)),
+      engine_(
+          call_core([&] { return BucketEngine(with_world(std::move(options), group_, nodes_)); })) {
+}
 
 void DdpHook::bind(const at::Tensor& bucket) {
   std::lock_guard<std::mutex> lock(bind_mu_);
@@ -108,7 +115,13 @@ void DdpHook::bind(const at::Tensor& bucket) {
     }
   }
 #endif
-  call_core([&] { engine_.bind(*transport, backend_.get()); });
+  NodeGroups groups;
+  if (nodes_.intra_node) {
+    intra_comm_ = std::make_unique<ProcessGroupCommunicator>(nodes_.intra_node, device, timeout_);
+    inter_comm_ = std::make_unique<ProcessGroupCommunicator>(nodes_.inter_node, device, timeout_);
+    groups = {intra_comm_.get(), inter_comm_.get()};
+  }
+  call_core([&] { engine_.bind(*transport, backend_.get(), groups); });
   device_ = device;
 }
 

@@ -15,6 +15,7 @@
 
 #include "gradcomp/fault_injection.h"
 #include "gradcomp/gradcomp.h"
+#include "gradcomp/torch.h"
 #include "process_group_communicator.h"
 
 namespace gradcomp {
@@ -32,7 +33,7 @@ class DdpHook {
   // tests only, a transport fault to inject (gradcomp/fault_injection.h).
   DdpHook(c10::intrusive_ptr<c10d::ProcessGroup> group, EngineOptions options,
           std::chrono::milliseconds timeout = std::chrono::milliseconds(0),
-          FaultSpec fault = FaultSpec{});
+          FaultSpec fault = FaultSpec{}, NodeProcessGroups nodes = {});
 
   // The DDP model's parameters in order (the register route): buckets are then recorded by
   // parameter, so the first step after a restart can reduce the layouts the checkpoint saved.
@@ -67,6 +68,8 @@ class DdpHook {
   FaultSpec fault_;
   std::unique_ptr<ProcessGroupCommunicator> comm_;
   std::unique_ptr<FaultInjectingCommunicator> faulty_;
+  NodeProcessGroups nodes_;
+  std::unique_ptr<ProcessGroupCommunicator> intra_comm_, inter_comm_;
   std::unique_ptr<Backend> backend_;  // this hook's own, so no other caller shares its flags
   // Its own lock: DDP looks parameters up on the autograd thread while the worker reduces.
   mutable std::mutex params_mu_;

@@ -102,6 +102,8 @@ struct GradSync::Impl {
   c10::optional<c10::Stream> cuda_stream_;
 #endif
   std::unique_ptr<torch_ext::ProcessGroupCommunicator> comm_;
+  NodeProcessGroups nodes_;
+  std::unique_ptr<torch_ext::ProcessGroupCommunicator> intra_comm_, inter_comm_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<BucketEngine> engine_;  // last: destroyed first
 };
@@ -160,8 +162,26 @@ GradSync::Impl::Impl(std::vector<at::Tensor> parameters, std::vector<std::string
       task();
     };
   };
+  nodes_ = options_.node_groups;
+  if (!nodes_.intra_node && options_.local_world_size != 1) {
+    const auto timeout = options_.collective_timeout.count() > 0
+                             ? options_.collective_timeout
+                             : std::chrono::milliseconds(std::chrono::seconds(60));
+    nodes_ = split_node_groups(group_, options_.local_world_size,
+                               device_.is_cuda() ? "nccl" : "gloo", timeout);
+  }
+  NodeGroups groups;
+  if (nodes_.intra_node) {
+    GRADCOMP_CHECK(nodes_.inter_node, "GradSync: node_groups needs the inter-node group too");
+    intra_comm_ = std::make_unique<torch_ext::ProcessGroupCommunicator>(
+        nodes_.intra_node, device_, options_.collective_timeout);
+    inter_comm_ = std::make_unique<torch_ext::ProcessGroupCommunicator>(
+        nodes_.inter_node, device_, options_.collective_timeout);
+    groups = {intra_comm_.get(), inter_comm_.get()};
+    engine_opts.local_world_size = nodes_.intra_node->getSize();
+  }
   engine_ = std::make_unique<BucketEngine>(std::move(engine_opts));
-  engine_->bind(*comm_, backend_.get());
+  engine_->bind(*comm_, backend_.get(), groups);
   ready_.assign(params_.size(), 0);
   reset_step();
   install_hooks();

@@ -88,6 +88,7 @@ py::dict stats_dict(const ReductionStats& s) {
   py::dict d;
   d["buckets"] = s.buckets;
   d["bytes_sent"] = s.bytes_sent;
+  d["inter_node_bytes"] = s.inter_node_bytes;
   d["uncompressed_bytes"] = s.uncompressed_bytes;
   d["ratio"] = s.bytes_sent > 0 ? static_cast<double>(s.uncompressed_bytes) / s.bytes_sent : 0.0;
   d["codec_seconds"] = s.codec_seconds;
@@ -131,12 +132,20 @@ PYBIND11_MODULE(_C, m) {
   using gradcomp::EngineState;
   m.doc() = "gradcomp C++ extension: compressed DDP communication hook and codec ops";
   py::class_<DdpHook, std::shared_ptr<DdpHook>>(m, "DdpHook")
-      .def(py::init([](py::object group, const py::dict& options) {
+      .def(py::init([](py::object group, const py::dict& options, py::object intra_node,
+                       py::object inter_node) {
              auto pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+             gradcomp::NodeProcessGroups nodes;
+             if (!intra_node.is_none()) {
+               nodes.intra_node = intra_node.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+               nodes.inter_node = inter_node.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+             }
              return std::make_shared<DdpHook>(pg, ddp_engine_options(parse_codec(options)),
-                                              parse_timeout(options), parse_fault(options));
+                                              parse_timeout(options), parse_fault(options),
+                                              std::move(nodes));
            }),
-           py::arg("process_group"), py::arg("options"))
+           py::arg("process_group"), py::arg("options"), py::arg("intra_node") = py::none(),
+           py::arg("inter_node") = py::none())
       .def(
           "reduce_bucket",
           [](DdpHook& hook, at::Tensor bucket, int64_t index,
@@ -160,6 +169,7 @@ PYBIND11_MODULE(_C, m) {
              d["step"] = s.compression.step;
              d["started"] = s.started;
              d["world_size"] = s.world_size;
+             d["local_world_size"] = s.local_world_size;
              d["residuals"] = residual_dict(s.compression.residuals);
              d["chunk_residuals"] = residual_dict(s.compression.chunk_residuals);
              d["velocities"] = residual_dict(s.compression.velocities);
@@ -187,6 +197,8 @@ PYBIND11_MODULE(_C, m) {
                s.compression.velocities = residual_map(d["velocities"].cast<py::dict>());
              s.started = d["started"].cast<bool>();
              if (d.contains("world_size")) s.world_size = d["world_size"].cast<int>();
+             if (d.contains("local_world_size"))
+               s.local_world_size = d["local_world_size"].cast<int>();
              if (d.contains("layouts")) {
                for (const auto& kv : d["layouts"].cast<py::dict>()) {
                  const py::dict l = kv.second.cast<py::dict>();

@@ -1,4 +1,5 @@
-// A c10d process group from torchrun's environment, for C++ programs (Gloo, or NCCL on CUDA).
+// c10d process groups for C++ programs: from torchrun's environment, and node groups split from
+// one.
 #include <cstdlib>
 #include <string>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -30,27 +31,11 @@ int env_int(const char* name, const char* fallback = nullptr) {
   return static_cast<int>(x);
 }
 
-}  // namespace
-
-c10::intrusive_ptr<c10d::ProcessGroup> process_group_from_env(const std::string& backend,
-                                                              std::chrono::milliseconds timeout) {
-  const int rank = env_int("RANK");
-  const int world = env_int("WORLD_SIZE");
-  GRADCOMP_CHECK(rank < world,
-                 "process_group_from_env: RANK " << rank << " >= WORLD_SIZE " << world);
-  const std::string addr = env("MASTER_ADDR", "127.0.0.1");
-  c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<uint16_t>(env_int("MASTER_PORT", "29500"));
-  // Under torchrun's agent the store server already runs in the agent; workers are its clients.
-  const bool agent_store = env("TORCHELASTIC_USE_AGENT_STORE", "False") == "True";
-  store_options.isServer = rank == 0 && !agent_store;
-  store_options.numWorkers = world;
-  store_options.timeout = timeout;
-  auto tcp = c10::make_intrusive<c10d::TCPStore>(addr, store_options);
-  // Keys of one attempt stay apart from those of a restarted job on the same store.
-  auto store = c10::make_intrusive<c10d::PrefixStore>(
-      "gradcomp/" + env("TORCHELASTIC_RESTART_COUNT", "0"), tcp);
-
+// A process group of `backend` over `store`.
+c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(c10::intrusive_ptr<c10d::Store> store,
+                                                          int rank, int world,
+                                                          const std::string& backend,
+                                                          std::chrono::milliseconds timeout) {
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world);
   if (backend == "gloo") {
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -73,11 +58,62 @@ c10::intrusive_ptr<c10d::ProcessGroup> process_group_from_env(const std::string&
     return group;
   }
 #endif
-  GRADCOMP_CHECK(false, "process_group_from_env: backend '" << backend << "' is not available (gloo"
+  GRADCOMP_CHECK(false, "gradcomp: process group backend '" << backend << "' is not available (gloo"
 #if defined(GRADCOMP_HAVE_CUDA) && defined(USE_C10D_NCCL)
                                                             << ", nccl"
 #endif
                                                             << ")");
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::ProcessGroup> process_group_from_env(const std::string& backend,
+                                                              std::chrono::milliseconds timeout) {
+  const int rank = env_int("RANK");
+  const int world = env_int("WORLD_SIZE");
+  GRADCOMP_CHECK(rank < world,
+                 "process_group_from_env: RANK " << rank << " >= WORLD_SIZE " << world);
+  const std::string addr = env("MASTER_ADDR", "127.0.0.1");
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<uint16_t>(env_int("MASTER_PORT", "29500"));
+  // Under torchrun's agent the store server already runs in the agent; workers are its clients.
+  const bool agent_store = env("TORCHELASTIC_USE_AGENT_STORE", "False") == "True";
+  store_options.isServer = rank == 0 && !agent_store;
+  store_options.numWorkers = world;
+  store_options.timeout = timeout;
+  auto tcp = c10::make_intrusive<c10d::TCPStore>(addr, store_options);
+  // Keys of one attempt stay apart from those of a restarted job on the same store.
+  auto store = c10::make_intrusive<c10d::PrefixStore>(
+      "gradcomp/" + env("TORCHELASTIC_RESTART_COUNT", "0"), tcp);
+
+  return make_process_group(store, rank, world, backend, timeout);
+}
+
+NodeProcessGroups split_node_groups(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                                    int local_world_size, const std::string& backend,
+                                    std::chrono::milliseconds timeout) {
+  GRADCOMP_CHECK(group, "split_node_groups: no process group");
+  const int world = group->getSize(), rank = group->getRank();
+  int local = local_world_size;
+  if (local == 0) {
+    local = env_int("LOCAL_WORLD_SIZE", "1");
+    if (local <= 0 || local >= world) local = 1;
+  }
+  GRADCOMP_CHECK(local >= 1 && world % local == 0,
+                 "split_node_groups: " << local << " ranks per node do not divide the world of "
+                                       << world << " ranks: every node must hold as many");
+  if (local == 1) return {};
+  const int node = rank / local, local_rank = rank % local;
+  auto store = group->getStore();
+  GRADCOMP_CHECK(store, "split_node_groups: the process group has no store");
+  NodeProcessGroups groups;
+  groups.intra_node = make_process_group(
+      c10::make_intrusive<c10d::PrefixStore>("gradcomp-node-" + std::to_string(node), store),
+      local_rank, local, backend, timeout);
+  groups.inter_node = make_process_group(
+      c10::make_intrusive<c10d::PrefixStore>("gradcomp-cross-" + std::to_string(local_rank), store),
+      node, world / local, backend, timeout);
+  return groups;
 }
 
 }  // namespace gradcomp

@@ -15,6 +15,7 @@ namespace gradcomp {
 void ReductionStats::add(const ReductionStats& o) {
   buckets += o.buckets;
   bytes_sent += o.bytes_sent;
+  inter_node_bytes += o.inter_node_bytes;
   uncompressed_bytes += o.uncompressed_bytes;
   codec_seconds += o.codec_seconds;
   comm_seconds += o.comm_seconds;
@@ -31,6 +32,34 @@ void check_same_world(int saved, int job) {
                      << ": residuals belong to one rank of one world size and are not "
                         "redistributed (load it into a job of "
                      << saved << " ranks, or start without it)");
+}
+
+// 0 and 1 both mean flat when a job knows its topology; 0 in a state: not recorded.
+void check_same_local_world(int saved, int job) {
+  GRADCOMP_CHECK(saved == 0 || std::max(saved, 1) == std::max(job, 1),
+                 "the gradcomp state was saved by a job of "
+                     << saved << " ranks per node; this job has " << std::max(job, 1)
+                     << ": residuals belong to one rank's shard of each bucket (load it with "
+                     << saved << " ranks per node, or start without it)");
+}
+
+// A reduction's communication counters, summed over the transports it uses.
+struct CommCounters {
+  uint64_t bytes = 0, inter_node_bytes = 0;
+  double seconds = 0;
+};
+
+CommCounters counters(Communicator& comm, const NodeGroups& groups) {
+  CommCounters c;
+  c.bytes = comm.bytes_sent();
+  c.seconds = comm.seconds();
+  c.inter_node_bytes = c.bytes;
+  if (groups.intra_node != nullptr) {
+    c.inter_node_bytes = groups.inter_node->bytes_sent();
+    c.bytes += groups.intra_node->bytes_sent() + groups.inter_node->bytes_sent();
+    c.seconds += groups.intra_node->seconds() + groups.inter_node->seconds();
+  }
+  return c;
 }
 
 }  // namespace
@@ -61,6 +90,7 @@ BucketEngine::BucketEngine(EngineOptions options) : options_(std::move(options))
   if (options_.compress) options_.config.validate();
   pending_.compression.seed = options_.config.seed;
   pending_.world_size = options_.world_size;
+  pending_.local_world_size = options_.local_world_size;
 }
 
 BucketEngine::~BucketEngine() {
@@ -72,16 +102,35 @@ BucketEngine::~BucketEngine() {
   if (worker_.joinable()) worker_.join();
 }
 
-void BucketEngine::bind(Communicator& comm, Backend* backend) {
+void BucketEngine::bind(Communicator& comm, Backend* backend, NodeGroups groups) {
   std::lock_guard<std::mutex> lock(state_mu_);
   GRADCOMP_CHECK(comm_ == nullptr, "the bucket engine is already bound to a transport");
   GRADCOMP_CHECK(backend != nullptr || !options_.compress,
                  "a compressing bucket engine needs a backend");
   check_same_world(pending_.world_size, comm.world_size());
+  GRADCOMP_CHECK((groups.intra_node == nullptr) == (groups.inter_node == nullptr),
+                 "node groups need both the intra-node and the inter-node communicator");
+  const int local = groups.intra_node != nullptr ? groups.intra_node->world_size() : 1;
+  if (groups.intra_node != nullptr) {
+    GRADCOMP_CHECK(local * groups.inter_node->world_size() == comm.world_size() &&
+                       groups.inter_node->rank() * local + groups.intra_node->rank() == comm.rank(),
+                   "node groups of "
+                       << local << " ranks per node and " << groups.inter_node->world_size()
+                       << " nodes do not place rank " << comm.rank() << " of " << comm.world_size()
+                       << " (ranks must be node-major)");
+  }
+  GRADCOMP_CHECK(std::max(options_.local_world_size, 1) == local,
+                 "the engine was configured for " << options_.local_world_size
+                                                  << " ranks per node but bound to " << local);
+  check_same_local_world(pending_.local_world_size, local);
   if (options_.compress) {
-    allreduce_ = std::make_unique<CompressedAllreduce>(comm, *backend, options_.config);
+    allreduce_ = groups.intra_node != nullptr
+                     ? std::make_unique<CompressedAllreduce>(groups, *backend, options_.config)
+                     : std::make_unique<CompressedAllreduce>(comm, *backend, options_.config);
     allreduce_->load_state(pending_.compression);
   }
+  if (local > 1) groups_ = groups;
+  pending_.local_world_size = local;
   comm_ = &comm;
   backend_ = backend;
   queued_ = backend != nullptr ? backend->is_cuda() : comm.device_memory();
@@ -219,6 +268,7 @@ BucketEngine::Completions BucketEngine::reduce_locked(const BucketRequest& b, Do
       ReductionStats delta;
       delta.buckets = 1;
       delta.bytes_sent = comm_->bytes_sent() - sent0;
+      delta.inter_node_bytes = delta.bytes_sent;
       delta.uncompressed_bytes = ring_allreduce_bytes(b.numel, b.dtype, comm_->world_size());
       delta.comm_seconds = comm_->seconds() - comm0;
       add_stats(delta);
@@ -274,8 +324,7 @@ void BucketEngine::begin_step() {
 
 void BucketEngine::reduce_segments(const std::vector<Segment>& segments, DType dtype, int64_t numel,
                                    uint64_t identity) {
-  const uint64_t sent0 = comm_->bytes_sent();
-  const double comm0 = comm_->seconds();
+  const CommCounters before = counters(*comm_, groups_);
   const auto t0 = std::chrono::steady_clock::now();
   const int n = static_cast<int>(segments.size());
   bool finite = true;
@@ -288,9 +337,11 @@ void BucketEngine::reduce_segments(const std::vector<Segment>& segments, DType d
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ReductionStats delta;
   delta.buckets = 1;
-  delta.bytes_sent = comm_->bytes_sent() - sent0;
+  const CommCounters after = counters(*comm_, groups_);
+  delta.bytes_sent = after.bytes - before.bytes;
+  delta.inter_node_bytes = after.inter_node_bytes - before.inter_node_bytes;
   delta.uncompressed_bytes = ring_allreduce_bytes(numel, dtype, comm_->world_size());
-  delta.comm_seconds = comm_->seconds() - comm0;
+  delta.comm_seconds = after.seconds - before.seconds;
   delta.codec_seconds = total - delta.comm_seconds;
   delta.nonfinite_buckets = finite ? 0 : 1;
   add_stats(delta);
@@ -356,6 +407,7 @@ EngineState BucketEngine::state() const {
   s.compression = allreduce_ ? allreduce_->state() : pending_.compression;
   s.started = started_;
   s.world_size = comm_ != nullptr ? comm_->world_size() : pending_.world_size;
+  s.local_world_size = pending_.local_world_size;
   // The layouts a restart needs: those of buckets with residuals, including restored ones no
   // step has used yet.
   for (const auto* layouts : {&restored_, &layouts_}) {
@@ -372,6 +424,8 @@ void BucketEngine::check_state(const EngineState& s) const {
                                     << options_.config.seed);
   const int world = comm_ != nullptr ? comm_->world_size() : options_.world_size;
   check_same_world(s.world_size, world);
+  check_same_local_world(s.local_world_size, pending_.local_world_size);
+  const int local = std::max(1, pending_.local_world_size);
   const CompressionConfig& c = options_.config;
   const bool keeps_residuals = options_.compress && c.error_feedback;
   const int saved_world = s.world_size > 0 ? s.world_size : world;
@@ -405,7 +459,8 @@ void BucketEngine::check_state(const EngineState& s) const {
         for (const auto& param : layout->second.params) numel += param.second;
       }
       if (numel < 0 || (kind.needs_world && saved_world == 0)) continue;
-      const uint64_t expect = kind.bytes(c, numel, saved_world);
+      // Hierarchical: a rank keeps the state of its shard, exchanged among the nodes.
+      const uint64_t expect = kind.bytes(c, node_shard_numel(numel, local), saved_world / local);
       GRADCOMP_CHECK(bytes.size() == expect, "the gradcomp state's "
                                                  << kind.name << " of bucket 0x" << std::hex << id
                                                  << std::dec << " has " << bytes.size()
@@ -438,6 +493,7 @@ void BucketEngine::load_state(EngineState s) {
   step_failed_ = false;
   reduced_this_step_.clear();
   if (s.world_size != 0) pending_.world_size = s.world_size;
+  if (s.local_world_size != 0) pending_.local_world_size = s.local_world_size;
   if (allreduce_) {
     allreduce_->load_state(s.compression);
   } else {

@@ -8,7 +8,7 @@ namespace gradcomp {
 namespace {
 
 constexpr uint32_t kStateMagic = 0x53454347u;  // "GCES" in little-endian byte order
-constexpr uint32_t kStateVersion = 2;          // 2 added the top-k velocities
+constexpr uint32_t kStateVersion = 3;          // 2 added the top-k velocities, 3 the ranks per node
 
 uint64_t fnv1a64(const uint8_t* p, size_t n) {
   uint64_t h = 1469598103934665603ull;
@@ -102,6 +102,7 @@ std::vector<uint8_t> serialize_engine_state(const EngineState& s) {
   w.put<uint32_t>(s.compression.step);
   w.put<uint8_t>(s.started ? 1 : 0);
   w.put<int32_t>(s.world_size);
+  w.put<int32_t>(s.local_world_size);
   write_residuals(w, s.compression.residuals);
   write_residuals(w, s.compression.chunk_residuals);
   write_residuals(w, s.compression.velocities);
@@ -129,7 +130,7 @@ EngineState parse_engine_state(const uint8_t* data, size_t size) {
   GRADCOMP_CHECK(r.get<uint32_t>("magic") == kStateMagic,
                  "not a gradcomp engine state (bad magic)");
   const uint32_t version = r.get<uint32_t>("version");
-  GRADCOMP_CHECK(version == 1 || version == kStateVersion,
+  GRADCOMP_CHECK(version >= 1 && version <= kStateVersion,
                  "engine state version " << version << " is not supported (expected 1 to "
                                          << kStateVersion << ")");
   GRADCOMP_CHECK(checksum == fnv1a64(data, size - 8),
@@ -142,6 +143,12 @@ EngineState parse_engine_state(const uint8_t* data, size_t size) {
   s.started = started == 1;
   s.world_size = r.get<int32_t>("world size");
   GRADCOMP_CHECK(s.world_size >= 0, "engine state: world size " << s.world_size);
+  if (version >= 3) {
+    s.local_world_size = r.get<int32_t>("ranks per node");
+    GRADCOMP_CHECK(
+        s.local_world_size >= 0 && (s.world_size == 0 || s.local_world_size <= s.world_size),
+        "engine state: " << s.local_world_size << " ranks per node in a world of " << s.world_size);
+  }
   s.compression.residuals = read_residuals(r, "residuals");
   s.compression.chunk_residuals = read_residuals(r, "chunk residuals");
   if (version >= 2) s.compression.velocities = read_residuals(r, "velocities");

@@ -6,8 +6,9 @@
 // --codec q4 | topk | topk-q4warmup (q4 for the first --q4-warmup steps, then top-k) | topk-dgc
 // (top-k with DGC's momentum correction, clipping and warm-up; the optimizer is then SGD without
 // momentum) | none (GradSync without compression) | allreduce (no gradcomp: one blocking allreduce
-// per gradient after backward, what C++ programs do without it). The other flags serve the tests
-// and benchmarks: checkpoints, gradient dumps, no_sync accumulation, unused parameters, step
+// per gradient after backward, what C++ programs do without it). --local-world-size L: L ranks
+// per node, uncompressed inside a node and compressed between nodes. The other flags serve the
+// tests and benchmarks: checkpoints, gradient dumps, no_sync accumulation, unused parameters, step
 // timing.
 #include <gradcomp/torch.h>
 #include <torch/torch.h>
@@ -185,6 +186,8 @@ int run(const Flags& f) {
     o.find_unused_parameters = f.has("find-unused");
     o.bucket_cap_bytes = static_cast<int64_t>(f.real("bucket-cap-mb", 25.0) * (1 << 20));
     o.first_bucket_cap_bytes = static_cast<int64_t>(f.real("first-bucket-cap-mb", 1.0) * (1 << 20));
+    // Ranks per node for the hierarchical scheme (0: torchrun's LOCAL_WORLD_SIZE; 1: flat).
+    o.local_world_size = static_cast<int>(f.num("local-world-size", 1));
     sync = std::make_unique<gradcomp::GradSync>(*model, group, codec_spec(f), o);
   } else {
     for (const auto& p : params) {  // the same start on every rank, as GradSync does
@@ -319,11 +322,13 @@ int run(const Flags& f) {
   if (sync) total_stats = sync->stats().total;
   std::printf(
       "{\"rank\": %d, \"world\": %d, \"codec\": \"%s\", \"accuracy\": %.6f, \"steps\": %lld, "
-      "\"step_ms\": %.4f, \"bytes_sent\": %llu, \"uncompressed_bytes\": %llu, "
+      "\"step_ms\": %.4f, \"bytes_sent\": %llu, \"inter_node_bytes\": %llu, "
+      "\"uncompressed_bytes\": %llu, "
       "\"backward_ms\": %.4f, \"reduction_ms\": %.4f, \"overlapped_ms\": %.4f, \"finish_wait_ms\": "
       "%.4f}\n",
       rank, world, codec.c_str(), accuracy, static_cast<long long>(step_ms.size()), median,
       static_cast<unsigned long long>(total_stats.bytes_sent),
+      static_cast<unsigned long long>(total_stats.inter_node_bytes),
       static_cast<unsigned long long>(total_stats.uncompressed_bytes),
       1e3 * timed.backward_seconds / n, 1e3 * timed.reduction_seconds / n,
       1e3 * timed.overlapped_seconds / n, 1e3 * timed.finish_wait_seconds / n);

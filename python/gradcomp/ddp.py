@@ -10,13 +10,15 @@ C++ code:
   is the standard Python hook route.
 """
 
+import os
+
 import torch
 import torch.distributed as dist
 
 from . import _C
 from .codecs import NoCompression, Q4, TopK
 
-__all__ = ["register", "Hook", "HookState", "comm_hook", "check_optimizer"]
+__all__ = ["register", "Hook", "HookState", "comm_hook", "check_optimizer", "node_groups"]
 
 
 def _options(codec, timeout=None, fault=None) -> dict:
@@ -47,8 +49,9 @@ def _check_state_dict(sd) -> None:
         raise ValueError(f"gradcomp state_dict format {sd['format']} is not supported (expected 1)")
     if not 0 <= sd["seed"] < 2**64 or not 0 <= sd["step"] < 2**32:
         raise ValueError(f"gradcomp state_dict seed {sd['seed']} or step {sd['step']} is out of range")
-    if not isinstance(sd.get("world_size", 0), int) or sd.get("world_size", 0) < 0:
-        raise ValueError(f"gradcomp state_dict world_size {sd.get('world_size')!r} is not a rank count")
+    for key in ("world_size", "local_world_size"):
+        if not isinstance(sd.get(key, 0), int) or isinstance(sd.get(key, 0), bool) or sd.get(key, 0) < 0:
+            raise ValueError(f"gradcomp state_dict {key} {sd.get(key)!r} is not a rank count")
     if not isinstance(sd.get("velocities", {}), dict):
         raise ValueError(f"gradcomp state_dict['velocities'] must be a dict, got {type(sd['velocities']).__name__}")
     for key in ("residuals", "chunk_residuals", "velocities"):
@@ -70,6 +73,34 @@ def _check_state_dict(sd) -> None:
                       for p in layout["params"]))
         if not ok:
             raise ValueError(f"gradcomp state_dict['layouts'][{bucket!r}] is not a bucket layout: {layout!r}")
+
+
+def node_groups(process_group=None, local_world_size=None):
+    """The process groups of a hierarchical reduction: ``(intra_node, inter_node)`` for
+    ``local_world_size`` ranks per node, or ``(None, None)`` for the flat scheme.
+
+    Ranks are node-major, as torchrun numbers them: rank = node * L + local rank. ``None`` takes
+    ``LOCAL_WORLD_SIZE`` (set by torchrun) when the job spans more than one node, and the flat
+    scheme otherwise. Every rank of the default group must call it (it creates process groups).
+    """
+    group = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
+    world = group.size()
+    if local_world_size is None:
+        env = os.environ.get("LOCAL_WORLD_SIZE", "")
+        local_world_size = int(env) if env.isdigit() and 0 < int(env) < world else 1
+    if isinstance(local_world_size, bool) or not isinstance(local_world_size, int) or local_world_size < 1:
+        raise ValueError(f"local_world_size must be a positive number of ranks per node, got {local_world_size!r}")
+    if world % local_world_size != 0:
+        raise ValueError(f"local_world_size {local_world_size} does not divide the world size {world}: "
+                         f"every node must hold the same number of ranks")
+    if local_world_size == 1:
+        return None, None
+    ranks = dist.get_process_group_ranks(group)
+    nodes = world // local_world_size
+    intra, _ = dist.new_subgroups_by_enumeration(
+        [ranks[n * local_world_size:(n + 1) * local_world_size] for n in range(nodes)])
+    inter, _ = dist.new_subgroups_by_enumeration([ranks[l::local_world_size] for l in range(local_world_size)])
+    return intra, inter
 
 
 class Hook:
@@ -119,19 +150,23 @@ def check_optimizer(optimizer: torch.optim.Optimizer, codec) -> None:
 
 
 def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *, optimizer=None,
-             timeout=None, _fault=None) -> Hook:
+             timeout=None, local_world_size=None, _fault=None) -> Hook:
     """Installs gradcomp as ``ddp_model``'s communication hook (call before the first backward).
 
     ``codec`` defaults to ``gradcomp.Q4()``. DDP allows one hook per model. ``optimizer``, when
     given, is checked against the codec's contract (``check_optimizer``). ``timeout``: seconds
     one of the hook's collectives may take before it raises (default: the process group's
-    timeout). ``_fault`` is for gradcomp's own tests (a transport fault to inject).
+    timeout). ``local_world_size``: ranks per node for the hierarchical scheme (uncompressed
+    inside a node, compressed between nodes; see ``node_groups``), 1 for the flat scheme.
+    ``_fault`` is for gradcomp's own tests (a transport fault to inject).
     """
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(f"register expects a DistributedDataParallel model, got {type(ddp_model).__name__}")
     if optimizer is not None:
         check_optimizer(optimizer, Q4() if codec is None else codec)
-    native = _C.DdpHook(ddp_model.process_group, _options(codec, timeout, _fault))
+    options = _options(codec, timeout, _fault)
+    intra, inter = node_groups(ddp_model.process_group, local_world_size)
+    native = _C.DdpHook(ddp_model.process_group, options, intra, inter)
     # Buckets are recorded by parameter position, so a restart can reduce the saved layout.
     native.set_parameters(list(ddp_model.parameters()))
     _C.install_hook(ddp_model.reducer, native)
@@ -141,17 +176,21 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *
 class HookState(Hook):
     """State object for the standard route: ``ddp_model.register_comm_hook(state, comm_hook)``."""
 
-    def __init__(self, codec=None, process_group=None, *, optimizer=None, timeout=None, _fault=None):
+    def __init__(self, codec=None, process_group=None, *, optimizer=None, timeout=None,
+                 local_world_size=None, _fault=None):
         if optimizer is not None:
             check_optimizer(optimizer, Q4() if codec is None else codec)
         self._options = _options(codec, timeout, _fault)
         self._group = process_group
+        # Made now, on every rank alike: creating groups later, inside backward, would be a
+        # collective on the autograd thread.
+        self._nodes = node_groups(process_group, local_world_size)
         super().__init__(None, Q4() if codec is None else codec)
 
     def _ensure_native(self):
         if self._native is None:
             group = self._group if self._group is not None else dist.distributed_c10d._get_default_group()
-            self._native = _C.DdpHook(group, self._options)
+            self._native = _C.DdpHook(group, self._options, *self._nodes)
         return self._native
 
     def stats(self) -> dict:

@@ -10,6 +10,7 @@
 
 #include "gradcomp/engine.h"
 #include "gradcomp/inprocess_group.h"
+#include "run_ranks.h"
 #include "test_util.h"
 
 namespace gradcomp {
@@ -281,6 +282,76 @@ TEST(BucketEngine, DestructionFinishesQueuedBuckets) {
       });
   }
   EXPECT_EQ(finished.load(), 20);
+}
+
+// With node groups the engine's compressed reductions are hierarchical: it counts what left the
+// node apart, records the ranks per node in its state, and refuses a state of another topology.
+TEST(BucketEngine, NodeGroupsMakeReductionsHierarchicalAndStateRecordsTheTopology) {
+  const int nodes = 2, local = 2, world = nodes * local;
+  const int64_t n = 3000;
+  testing::NodeGrid grid(nodes, local);
+  InProcessGroup all(world);
+  std::vector<ReductionStats> stats(world);
+  std::vector<EngineState> states(world);
+  std::vector<std::vector<float>> results(world), direct(world);
+  std::vector<std::string> refused(world);
+  testing::run_grid(grid, [&](int rank, NodeGroups groups) {
+    auto backend = make_cpu_backend(), direct_backend = make_cpu_backend();
+    EngineOptions options = q4_options();
+    options.local_world_size = local;
+    BucketEngine engine(options);
+    engine.bind(all.communicator(rank), backend.get(), groups);
+    CompressedAllreduce reference(groups, *direct_backend, options.config);
+    for (uint32_t step = 0; step < 2; ++step) {
+      std::vector<float> g = gradient(n, step, rank), h = g;
+      engine.reduce(request(g, 0, 42, true));
+      Segment seg{h.data(), 0, n};
+      reference.allreduce(&seg, 1, DType::kFloat32, 42);
+      reference.advance_step();
+      results[rank] = g;
+      direct[rank] = h;
+    }
+    stats[rank] = engine.last_step_stats();
+    states[rank] = engine.state();
+    EngineOptions flat = q4_options();
+    BucketEngine other(flat);
+    other.bind(all.communicator(rank), backend.get());
+    try {
+      other.load_state(states[rank]);
+    } catch (const Error& e) {
+      refused[rank] = e.what();
+    }
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(results[r], direct[r]) << "rank " << r;
+    EXPECT_EQ(stats[r].inter_node_bytes,
+              inter_node_bytes_sent(q4_options().config, n, nodes, local));
+    EXPECT_EQ(stats[r].bytes_sent,
+              stats[r].inter_node_bytes + intra_node_bytes_sent(n, DType::kFloat32, local));
+    EXPECT_EQ(states[r].local_world_size, local);
+    EXPECT_EQ(states[r].compression.residuals.at(42).size(),
+              residual_bytes(q4_options().config, node_shard_numel(n, local)));
+    EXPECT_NE(refused[r].find("saved by a job of 2 ranks per node; this job has 1"),
+              std::string::npos)
+        << refused[r];
+  }
+}
+
+TEST(BucketEngine, NodeGroupsThatDoNotPlaceTheRankAreRefused) {
+  testing::NodeGrid grid(2, 2);
+  InProcessGroup all(4);
+  std::vector<std::string> errors(4);
+  testing::run_grid(grid, [&](int rank, NodeGroups groups) {
+    auto backend = make_cpu_backend();
+    BucketEngine engine(q4_options());
+    try {
+      engine.bind(all.communicator(3 - rank), backend.get(), groups);
+    } catch (const Error& e) {
+      errors[rank] = e.what();
+    }
+  });
+  for (int r = 0; r < 4; ++r)
+    EXPECT_NE(errors[r].find("ranks must be node-major"), std::string::npos) << errors[r];
 }
 
 }  // namespace

@@ -11,7 +11,8 @@ EngineState sample_state() {
   s.compression.seed = 0x1234567890ull;
   s.compression.step = 41;
   s.started = true;
-  s.world_size = 3;
+  s.world_size = 4;
+  s.local_world_size = 2;
   s.compression.residuals[7] = {1, 2, 3, 4, 5};
   s.compression.residuals[99] = std::vector<uint8_t>(300, 0xAB);
   s.compression.chunk_residuals[7] = {9, 8};
@@ -25,6 +26,7 @@ void expect_equal(const EngineState& a, const EngineState& b) {
   EXPECT_EQ(a.compression.step, b.compression.step);
   EXPECT_EQ(a.started, b.started);
   EXPECT_EQ(a.world_size, b.world_size);
+  EXPECT_EQ(a.local_world_size, b.local_world_size);
   EXPECT_EQ(a.compression.residuals, b.compression.residuals);
   EXPECT_EQ(a.compression.chunk_residuals, b.compression.chunk_residuals);
   ASSERT_EQ(a.layouts.size(), b.layouts.size());
@@ -74,8 +76,8 @@ TEST(EngineStateIo, MessagesSayWhatIsWrong) {
   magic[0] ^= 1;
   EXPECT_NE(message(magic).find("bad magic"), std::string::npos);
   std::vector<uint8_t> version = bytes;
-  version[4] = 3;
-  EXPECT_NE(message(version).find("version 3"), std::string::npos);
+  version[4] = 4;
+  EXPECT_NE(message(version).find("version 4"), std::string::npos);
   std::vector<uint8_t> body = bytes;
   body[20] ^= 1;
   EXPECT_NE(message(body).find("checksum"), std::string::npos);

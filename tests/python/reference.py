@@ -79,8 +79,11 @@ def q4_encode(acc: torch.Tensor, residual: torch.Tensor, first: int, block: int,
 class Q4TwoPhase:
     """Keeps every rank's residuals; step() returns the averaged bucket all ranks end with."""
 
-    def __init__(self, world: int, n: int, block: int = 64, stochastic: bool = True, seed: int = 0):
+    def __init__(self, world: int, n: int, block: int = 64, stochastic: bool = True, seed: int = 0,
+                 key_ranks=None):
         self.world, self.n, self.block, self.stochastic, self.seed = world, n, block, stochastic, seed
+        # The rank each member's random bits are keyed by: its place, or (across nodes) its global rank.
+        self.keys = list(range(world)) if key_ranks is None else list(key_ranks)
         self.chunk = max(block, -(-(-(-n // world)) // block) * block)
         self.res1 = [torch.zeros(n) for _ in range(world)]
         self.res2 = [torch.zeros(self.chunk) for _ in range(world)]
@@ -97,7 +100,7 @@ class Q4TwoPhase:
                 lo, hi = self._range(c)
                 acc = grads[w][lo:hi] + self.res1[w][lo:hi]
                 dec, r = q4_encode(acc, self.res1[w][lo:hi], c * self.chunk, self.block, self.stochastic,
-                                   self.seed, step, bucket, w, 0)
+                                   self.seed, step, bucket, self.keys[w], 0)
                 decoded[w][c] = dec
                 new_res[lo:hi] = r
             self.res1[w] = new_res
@@ -109,7 +112,7 @@ class Q4TwoPhase:
                 total = total + decoded[w][c]
             acc = total + self.res2[c][: hi - lo]
             dec, r = q4_encode(acc, self.res2[c][: hi - lo], c * self.chunk, self.block, self.stochastic,
-                               self.seed, step, bucket, c, 1)
+                               self.seed, step, bucket, self.keys[c], 1)
             self.res2[c][: hi - lo] = r
             out[lo:hi] = dec / float(self.world)
         return out
@@ -138,8 +141,8 @@ class TopKQ4Warmup:
     """Top-k with a q4 warm-up: two-phase q4 for the first warmup_steps steps, then exact top-k
     whose residual starts from q4's whole-bucket residual (the own-chunk residuals end)."""
 
-    def __init__(self, world: int, n: int, ratio: float, warmup_steps: int, seed: int = 0):
-        self.q4 = Q4TwoPhase(world, n, seed=seed)
+    def __init__(self, world: int, n: int, ratio: float, warmup_steps: int, seed: int = 0, key_ranks=None):
+        self.q4 = Q4TwoPhase(world, n, seed=seed, key_ranks=key_ranks)
         self.topk = TopKExact(world, n, ratio)
         self.warmup_steps = warmup_steps
 

@@ -77,6 +77,32 @@ def test_averaged_gradients_equal_the_reference_and_the_python_hook(data, tmp_pa
     assert all(launch_python("workers_grad_sync", "python_hook_matches", world, str(dump), layout, steps, codec))
 
 
+@pytest.mark.parametrize("codec", ["q4", "topk"])
+def test_hierarchical_grad_sync_equals_the_hook_with_node_groups_and_resumes(data, tmp_path, codec):
+    """Four ranks as two nodes of two: GradSync's buckets average to the bits of the DDP hook's
+    core with the same node groups (itself checked against the three-step reference in
+    test_hierarchical.py), less than all of its traffic leaves the node, and a checkpoint
+    resumes bit-identically."""
+    steps, world = 3, 4
+    dump, layout_path = tmp_path / "grads", tmp_path / "layout.json"
+    run = launch(world, ["--data", data, "--codec", codec, "--steps", steps, "--dump", dump, "--layout-out",
+                         layout_path, "--bucket-cap-mb", 0.0001, "--first-bucket-cap-mb", 0.00002,
+                         "--local-world-size", 2])
+    assert all(0 < r["inter_node_bytes"] < r["bytes_sent"] for r in run.ranks), run.ranks
+    layout = json.loads(layout_path.read_text())
+    assert all(launch_python("workers_grad_sync", "python_hook_matches", world, str(dump), layout, steps, codec, 2))
+    common = ["--data", data, "--codec", codec, "--steps", 12, "--local-world-size", 2]
+    launch(world, common + ["--params-out", tmp_path / "uninterrupted"])
+    launch(world, common + ["--save-at", 6, "--save", tmp_path / "ckpt", "--stop-at-save"])
+    launch(world, common + ["--resume", tmp_path / "ckpt", "--params-out", tmp_path / "resumed"])
+    for rank in range(world):
+        a = np.fromfile(tmp_path / f"uninterrupted.rank{rank}", dtype="<f4")
+        b = np.fromfile(tmp_path / f"resumed.rank{rank}", dtype="<f4")
+        assert a.size > 0 and np.array_equal(a.view(np.int32), b.view(np.int32))
+    flat = launch(world, ["--data", data, "--codec", codec, "--steps", 12, "--resume", tmp_path / "ckpt"], check=False)
+    assert flat.returncode != 0 and "ranks per node" in flat.stderr + flat.stdout
+
+
 @pytest.mark.parametrize("codec", ["q4", "topk", "topk-dgc", "topk-q4warmup"])
 def test_resume_from_a_checkpoint_is_bit_identical(data, tmp_path, codec):
     # The q4 warm-up ends after the checkpoint (saved at 20) and before the end.

@@ -36,16 +36,17 @@ class MLP(nn.Module):
 
 
 def train(rank, world, route: str, codec_name: str | None, steps: int, dtype=torch.float32,
-           state=None, start_step: int = 0, no_sync_every: int = 0, bias: bool = True):
+           state=None, start_step: int = 0, no_sync_every: int = 0, bias: bool = True,
+           local_world_size=None):
     """Trains a small MLP on per-rank random data; returns (model, optimizer, hook)."""
     torch.manual_seed(0)
     model = MLP(bias=bias).to(dtype)
     ddp = nn.parallel.DistributedDataParallel(model)
     hook = None
     if route == "register":
-        hook = gt.register(ddp, codec(codec_name))
+        hook = gt.register(ddp, codec(codec_name), local_world_size=local_world_size)
     elif route == "standard":
-        hook = gt.HookState(codec(codec_name))
+        hook = gt.HookState(codec(codec_name), local_world_size=local_world_size)
         ddp.register_comm_hook(hook, gt.comm_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     if state is not None:

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 import gradcomp
+import gradcomp.torch as gt
 from gradcomp import _C
 
 import reference
@@ -35,10 +36,11 @@ def trainer_codec(name: str):
             "topk-q4warmup": gradcomp.TopK(ratio=0.01, warmup="q4", warmup_steps=2)}[name]
 
 
-def python_hook_matches(rank, world, dump, layout, steps, codec_name):
-    """The DDP hook's core, given each bucket the trainer reduced, averages it to the same bits."""
+def python_hook_matches(rank, world, dump, layout, steps, codec_name, local=1):
+    """The DDP hook's core, given each bucket the trainer reduced, averages it to the same bits
+    (with `local` ranks per node: both hierarchical)."""
     codec = trainer_codec(codec_name)
-    hook = _C.DdpHook(dist.group.WORLD, codec._options())
+    hook = _C.DdpHook(dist.group.WORLD, codec._options(), *gt.node_groups(None, local))
     total = sum(int(np.prod(s)) for s in layout["shapes"])
     local, averaged = load_dump(f"{dump}.rank{rank}", total, steps)
     for step in range(steps):

@@ -50,7 +50,8 @@ struct BucketRequest {
 // Counters for one step or for a whole run.
 struct ReductionStats {
   uint64_t buckets = 0;
-  uint64_t bytes_sent = 0;
+  uint64_t bytes_sent = 0;          // everything this rank put on the wire
+  uint64_t inter_node_bytes = 0;    // the part that left its node (flat: all of it, as a bound)
   uint64_t uncompressed_bytes = 0;  // what a ring allreduce of the bucket dtype would send
   double codec_seconds = 0;         // encode + decode: the time outside the collectives
   double comm_seconds = 0;
@@ -71,6 +72,7 @@ struct EngineState {
   CompressionState compression;
   bool started = false;                      // a step has run (the next bucket 0 starts another)
   int world_size = 0;                        // of the job that saved it; 0: not recorded
+  int local_world_size = 0;                  // its ranks per node (1: flat); 0: not recorded
   std::map<uint64_t, BucketLayout> layouts;  // buckets with residuals, by identity
 };
 
@@ -85,6 +87,9 @@ struct EngineOptions {
   // The job's world size when known before bind() (a front end that has its process group):
   // load_state then refuses a checkpoint of another world size at once.
   int world_size = 0;
+  // Ranks per node when known before bind(): 1 (or 0) is the flat scheme; more needs the
+  // NodeGroups at bind() (collectives.h) and a world size it divides.
+  int local_world_size = 0;
   // Called on the thread that hands a bucket in; returns what the reducing thread runs. A front
   // end carries its thread context this way (the torch layer: the profiler's state and a range).
   std::function<std::function<void()>(std::function<void()>)> wrap_task;
@@ -113,8 +118,10 @@ class BucketEngine {
   BucketEngine& operator=(const BucketEngine&) = delete;
 
   // The transport and backend, once, before the first bucket (front ends learn the device from
-  // it). `backend` may be null when options.compress is false.
-  void bind(Communicator& comm, Backend* backend);
+  // it). `backend` may be null when options.compress is false. With node groups (more than one
+  // rank per node) the compressed reductions are hierarchical; `comm` (all ranks) carries the
+  // uncompressed path.
+  void bind(Communicator& comm, Backend* backend, NodeGroups groups = {});
   bool bound() const;
 
   // Queues a bucket for the worker thread (host memory) or reduces it at once (CUDA); `done`
@@ -159,6 +166,7 @@ class BucketEngine {
 
   EngineOptions options_;
   Communicator* comm_ = nullptr;
+  NodeGroups groups_;  // both null: flat
   Backend* backend_ = nullptr;
   bool queued_ = false;  // CUDA: reductions are queued in stream order on the calling thread
   // Set last by bind(): submit() reads it without the state lock, which the worker holds for a

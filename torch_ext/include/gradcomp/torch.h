@@ -24,6 +24,20 @@ c10::intrusive_ptr<c10d::ProcessGroup> process_group_from_env(
     const std::string& backend = "gloo",
     std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
+// The process groups of a hierarchical reduction (uncompressed inside a node, compressed between
+// nodes): this rank's node, and this local rank on every node. Both null: the flat scheme.
+struct NodeProcessGroups {
+  c10::intrusive_ptr<c10d::ProcessGroup> intra_node, inter_node;
+};
+
+// Splits `group` into node groups for `local_world_size` ranks per node, node-major (rank = node
+// * L + local rank, as torchrun numbers them), over the group's store: "gloo" or "nccl" groups.
+// Every rank of `group` calls it. 1: the flat scheme (both null); 0: LOCAL_WORLD_SIZE from the
+// environment when the job spans more than one node, else flat.
+NodeProcessGroups split_node_groups(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                                    int local_world_size, const std::string& backend = "gloo",
+                                    std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
 struct GradSyncOptions {
   // Buckets hold parameters in reverse registration order, as DDP's do: backward produces the
   // last parameters' gradients first. The first bucket is small so the network starts early.
@@ -37,6 +51,10 @@ struct GradSyncOptions {
   // The longest one collective may take before finish() raises (0: the process group's
   // timeout); a collective that misses it leaves the group unusable, as a timeout does.
   std::chrono::milliseconds collective_timeout{0};
+  // Ranks per node for the hierarchical scheme (split_node_groups: 0 reads LOCAL_WORLD_SIZE);
+  // 1: flat. Ignored when node_groups is given.
+  int local_world_size = 1;
+  NodeProcessGroups node_groups;
 };
 
 struct GradSyncStats {

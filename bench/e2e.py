@@ -64,9 +64,10 @@ class Link:
             subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
 
 
-def run_ranks(link, mode, method, world, extra, timeout, copies=1, cpp_bin=CPP_BIN):
+def run_ranks(link, mode, method, world, extra, timeout, copies=1, cpp_bin=CPP_BIN, placement=None):
     """Starts `world` worker processes (or `copies` independent single-rank ones when world is 1);
-    returns rank 0's result dict."""
+    returns rank 0's result dict. `placement(rank)` -> (command prefix, environment, arguments)
+    puts a rank elsewhere than the link's namespace (bench/e2e_nodes.py: one namespace per node)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         port = 29600 + (os.getpid() + int(time.time() * 1000)) % 2000
@@ -74,13 +75,17 @@ def run_ranks(link, mode, method, world, extra, timeout, copies=1, cpp_bin=CPP_B
         for rank in range(max(world, copies)):
             rank_out = out if rank == 0 else out + f".{rank}"
             env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+            prefix, rank_extra = link.prefix, []
+            if placement is not None:
+                prefix, rank_env, rank_extra = placement(rank)
+                env.update(rank_env)
             if method in CPP_METHODS:
-                cmd = link.prefix + [cpp_bin, "--method", method[len("cpp-"):], "--out", rank_out] + extra
+                cmd = prefix + [cpp_bin, "--method", method[len("cpp-"):], "--out", rank_out] + extra
                 env.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             else:
-                cmd = link.prefix + [sys.executable, os.path.join(HERE, "e2e_worker.py"), "--mode", mode, "--method",
-                                     method, "--rank", str(rank if world > 1 else 0), "--world", str(world),
-                                     "--port", str(port), "--out", rank_out] + extra
+                cmd = prefix + [sys.executable, os.path.join(HERE, "e2e_worker.py"), "--mode", mode, "--method",
+                                method, "--rank", str(rank if world > 1 else 0), "--world", str(world),
+                                "--port", str(port), "--out", rank_out] + extra + rank_extra
             err = open(os.path.join(tmp, f"stderr.{rank}"), "w")
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env))
         deadline = time.time() + timeout

@@ -13,7 +13,8 @@ import torch.nn as nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
-METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4", "gradcomp-topk")
+METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4", "gradcomp-topk",
+           "gradcomp-q4-hier", "gradcomp-topk-hier")
 # PowerSGD and the quantization hook issue Gloo collectives from future callbacks on another
 # thread; with several buckets the ranks' collective order then diverges and Gloo aborts
 # ("Received data size doesn't match"). They run with one bucket so that they run at all.
@@ -29,17 +30,17 @@ def make_ddp(model, method):
     return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
 
 
-def loopback_tx_bytes() -> int:
-    """Bytes sent over this network namespace's loopback so far (all ranks share it)."""
+def tx_bytes(iface: str = "lo") -> int:
+    """Bytes sent over an interface of this network namespace so far (all its ranks share it)."""
     with open("/proc/net/dev") as f:
         for line in f:
             name, _, rest = line.partition(":")
-            if name.strip() == "lo":
+            if name.strip() == iface:
                 return int(rest.split()[8])
     return 0
 
 
-def install(method: str, ddp, gt, gradcomp):
+def install(method: str, ddp, gt, gradcomp, local_world_size=1):
     """Registers the method's hook; returns the gradcomp hook handle or None."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook, quantization_hooks
 
@@ -57,6 +58,10 @@ def install(method: str, ddp, gt, gradcomp):
         return gt.register(ddp, gradcomp.Q4())
     elif method == "gradcomp-topk":
         return gt.register(ddp, gradcomp.TopK(ratio=0.01))
+    elif method == "gradcomp-q4-hier":
+        return gt.register(ddp, gradcomp.Q4(), local_world_size=local_world_size)
+    elif method == "gradcomp-topk-hier":
+        return gt.register(ddp, gradcomp.TopK(ratio=0.01), local_world_size=local_world_size)
     else:
         raise ValueError(f"unknown method {method!r}")
     return None
@@ -73,29 +78,49 @@ def throughput(args, rank, world):
     params = sum(p.numel() for p in model.parameters())
     model = model.to(DEVICE)
     ddp = make_ddp(model, args.method) if world > 1 else model
-    hook = install(args.method, ddp, gt, gradcomp) if world > 1 else None
+    hook = install(args.method, ddp, gt, gradcomp, args.local_world_size) if world > 1 else None
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
     x = torch.randn(args.batch, 1024, device=DEVICE)
-    times, codec = [], []
+
+    def step_once():
+        with torch.profiler.record_function("step::forward"):
+            opt.zero_grad()
+            loss = ddp(x).square().mean()
+        with torch.profiler.record_function("step::backward"):
+            loss.backward()
+        with torch.profiler.record_function("step::optimizer"):
+            opt.step()
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()
+
+    times, codec, inter = [], [], []
     tx0 = 0
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
-            tx0 = loopback_tx_bytes()
+            tx0 = tx_bytes(args.iface)
         t0 = time.perf_counter()
-        opt.zero_grad()
-        ddp(x).square().mean().backward()
-        opt.step()
-        if DEVICE.type == "cuda":
-            torch.cuda.synchronize()
+        step_once()
         times.append(time.perf_counter() - t0)
         if hook is not None and step >= args.warmup:
             s = hook.stats()["step"]
             codec.append(s["codec_seconds"])
-    tx = loopback_tx_bytes() - tx0
-    return {"params": params, "step_s": statistics.median(times[args.warmup:]),
-            "step_times": times[args.warmup:],
-            "bytes_per_step_per_rank": tx / args.steps / max(world, 1),
-            "codec_s": statistics.median(codec) if codec else None}
+            inter.append(s["inter_node_bytes"])
+    tx = tx_bytes(args.iface) - tx0
+    ranks_on_link = max(world, 1) if args.iface == "lo" else args.local_world_size
+    result = {"params": params, "step_s": statistics.median(times[args.warmup:]),
+              "step_times": times[args.warmup:],
+              # Loopback: every rank's traffic; a node's link: what left the node.
+              "bytes_per_step_per_rank": tx / args.steps / ranks_on_link,
+              "link_bytes_per_step": tx / args.steps, "link": args.iface,
+              "hook_inter_node_bytes": statistics.median(inter) if inter else None,
+              "codec_s": statistics.median(codec) if codec else None}
+    if args.trace:
+        # One more step under the profiler: the timeline of forward, backward, every bucket's
+        # encode, collectives and decode, and the optimizer (bench/timeline.py reads it).
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            step_once()
+        prof.export_chrome_trace(f"{args.trace}.rank{rank}.json")
+    return result
 
 
 def digits(args, rank, world):
@@ -108,7 +133,7 @@ def digits(args, rank, world):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
     ddp = make_ddp(model, args.method)
-    install(args.method, ddp, gt, gradcomp)
+    install(args.method, ddp, gt, gradcomp, args.local_world_size)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator().manual_seed(1000 * rank)
     curve, start, steps_per_epoch = [], time.perf_counter(), len(ytr) // 32
@@ -138,6 +163,10 @@ def main():
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--master", default="127.0.0.1", help="address of rank 0's store")
+    p.add_argument("--iface", default="lo", help="the interface whose sent bytes are counted")
+    p.add_argument("--local-world-size", type=int, default=1, help="ranks per node (the -hier methods)")
+    p.add_argument("--trace", default="", help="profile one more step into TRACE.rank<r>.json")
     args = p.parse_args()
     torch.set_num_threads(1)
     result = {"ok": False}
@@ -147,7 +176,7 @@ def main():
             DEVICE = torch.device("cuda", args.rank)
             torch.cuda.set_device(DEVICE)
         if args.world > 1:
-            store = dist.TCPStore("127.0.0.1", args.port, args.world, args.rank == 0,
+            store = dist.TCPStore(args.master, args.port, args.world, args.rank == 0,
                                   timeout=__import__("datetime").timedelta(seconds=120))
             dist.init_process_group("nccl" if DEVICE.type == "cuda" else "gloo", store=store, rank=args.rank,
                                     world_size=args.world, timeout=__import__("datetime").timedelta(seconds=120))

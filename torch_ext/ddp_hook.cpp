@@ -4,6 +4,7 @@
 #include <ATen/record_function.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 
+#include "profiled_backend.h"
 #include "profiler_ranges.h"
 #include "tensor_params.h"
 
@@ -102,7 +103,8 @@ void DdpHook::bind(const at::Tensor& bucket) {
         call_core([&] { return std::make_unique<FaultInjectingCommunicator>(*comm_, fault_); });
     transport = faulty_.get();
   }
-  if (compress_ && device.is_cpu()) backend_ = make_cpu_backend(1);
+  if (compress_ && device.is_cpu())
+    backend_ = std::make_unique<ProfiledBackend>(make_cpu_backend(1));
 #if defined(GRADCOMP_HAVE_CUDA)
   if (device.is_cuda()) {
     // One high-priority stream of this hook runs every bucket's encode, collectives and decode.
@@ -111,7 +113,8 @@ void DdpHook::bind(const at::Tensor& bucket) {
       cuda::CudaBackendOptions o;
       o.device = device.index();
       o.stream = c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, *cuda_stream_).stream();
-      backend_ = call_core([&] { return cuda::make_cuda_backend(o); });
+      backend_ =
+          std::make_unique<ProfiledBackend>(call_core([&] { return cuda::make_cuda_backend(o); }));
     }
   }
 #endif

@@ -15,6 +15,7 @@
 
 #include "gradcomp/torch.h"
 #include "process_group_communicator.h"
+#include "profiled_backend.h"
 #include "tensor_params.h"
 
 #if defined(GRADCOMP_HAVE_CUDA)
@@ -140,7 +141,8 @@ GradSync::Impl::Impl(std::vector<at::Tensor> parameters, std::vector<std::string
   EngineOptions engine_opts = engine_options(codec);
   comm_ = std::make_unique<torch_ext::ProcessGroupCommunicator>(group_, device_,
                                                                 options_.collective_timeout);
-  if (engine_opts.compress && device_.is_cpu()) backend_ = make_cpu_backend(1);
+  if (engine_opts.compress && device_.is_cpu())
+    backend_ = std::make_unique<torch_ext::ProfiledBackend>(make_cpu_backend(1));
 #if defined(GRADCOMP_HAVE_CUDA)
   if (device_.is_cuda()) {
     cuda_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device_.index()).unwrap();
@@ -148,7 +150,7 @@ GradSync::Impl::Impl(std::vector<at::Tensor> parameters, std::vector<std::string
       cuda::CudaBackendOptions o;
       o.device = device_.index();
       o.stream = c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, *cuda_stream_).stream();
-      backend_ = cuda::make_cuda_backend(o);
+      backend_ = std::make_unique<torch_ext::ProfiledBackend>(cuda::make_cuda_backend(o));
     }
   }
 #else

@@ -1,0 +1,77 @@
+// A Backend that names each codec call as a profiler phase (encode, decode, checks), so the
+// timelines of the torch front ends show where a bucket's time goes between its collectives.
+#pragma once
+
+#include <memory>
+#include <utility>
+
+#include "gradcomp/backend.h"
+#include "profiler_ranges.h"
+
+namespace gradcomp {
+namespace torch_ext {
+
+// Forwards every call to `inner`. On CUDA the ranges cover the time to queue the work.
+class ProfiledBackend final : public Backend {
+ public:
+  explicit ProfiledBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  bool is_cuda() const override { return inner_->is_cuda(); }
+  void* allocate(size_t bytes) override { return inner_->allocate(bytes); }
+  void release(void* p) noexcept override { inner_->release(p); }
+  void fill_zero(void* p, size_t bytes) override { inner_->fill_zero(p, bytes); }
+  void copy_to_host(void* host, const void* src, size_t bytes) override {
+    inner_->copy_to_host(host, src, bytes);
+  }
+  void copy_from_host(void* dst, const void* host, size_t bytes) override {
+    inner_->copy_from_host(dst, host, bytes);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    GRADCOMP_PHASE("gradcomp::copy");
+    inner_->copy(dst, src, bytes);
+  }
+  void q4_encode(const Q4EncodeParams& p) override {
+    GRADCOMP_PHASE("gradcomp::q4_encode");
+    inner_->q4_encode(p);
+  }
+  void q4_decode(const Q4DecodeParams& p) override {
+    GRADCOMP_PHASE("gradcomp::q4_decode");
+    inner_->q4_decode(p);
+  }
+  void topk_encode(const TopKEncodeParams& p) override {
+    GRADCOMP_PHASE("gradcomp::topk_encode");
+    inner_->topk_encode(p);
+  }
+  void topk_decode(const TopKDecodeParams& p) override {
+    GRADCOMP_PHASE("gradcomp::topk_decode");
+    inner_->topk_decode(p);
+  }
+  void check_payloads(const PayloadCheckParams& p) override {
+    GRADCOMP_PHASE("gradcomp::check_payloads");
+    inner_->check_payloads(p);
+  }
+  void topk_accumulate(const TopKAccumulateParams& p) override {
+    GRADCOMP_PHASE("gradcomp::topk_accumulate");
+    inner_->topk_accumulate(p);
+  }
+  void topk_mask(const TopKMaskParams& p) override {
+    GRADCOMP_PHASE("gradcomp::topk_mask");
+    inner_->topk_mask(p);
+  }
+  size_t topk_workspace_bytes(int64_t numel) const override {
+    return inner_->topk_workspace_bytes(numel);
+  }
+  bool take_decode_status() override { return inner_->take_decode_status(); }
+  void end_bucket(const ResidualPair* pairs, int count) override {
+    inner_->end_bucket(pairs, count);
+  }
+  uint64_t take_nonfinite_buckets() override { return inner_->take_nonfinite_buckets(); }
+  bool poll_nonfinite_buckets(uint64_t* count) override {
+    return inner_->poll_nonfinite_buckets(count);
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+}  // namespace torch_ext
+}  // namespace gradcomp

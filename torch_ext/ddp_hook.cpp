@@ -78,12 +78,14 @@ EngineOptions with_world(EngineOptions o, const c10::intrusive_ptr<c10d::Process
 }  // namespace
 
 DdpHook::DdpHook(c10::intrusive_ptr<c10d::ProcessGroup> group, EngineOptions options,
-                 std::chrono::milliseconds timeout, FaultSpec fault, NodeProcessGroups nodes)
+                 std::chrono::milliseconds timeout, FaultSpec fault, NodeProcessGroups nodes,
+                 std::string shm_name)
     : group_(std::move(group)),
       compress_(options.compress),
       timeout_(timeout),
       fault_(std::move(fault)),
       nodes_(std::move(nodes)),
+      shm_name_(std::move(shm_name)),
       engine_(
           call_core([&] { return BucketEngine(with_world(std::move(options), group_, nodes_)); })) {
 }
@@ -120,7 +122,15 @@ void DdpHook::bind(const at::Tensor& bucket) {
 #endif
   NodeGroups groups;
   if (nodes_.intra_node) {
-    intra_comm_ = std::make_unique<ProcessGroupCommunicator>(nodes_.intra_node, device, timeout_);
+    if (device.is_cpu() && !shm_name_.empty()) {
+      const double seconds = timeout_.count() > 0 ? timeout_.count() / 1e3 : 300.0;
+      intra_comm_ = call_core([&] {
+        return std::make_unique<ShmCommunicator>(shm_name_, nodes_.intra_node->getRank(),
+                                                 nodes_.intra_node->getSize(), seconds);
+      });
+    } else {
+      intra_comm_ = std::make_unique<ProcessGroupCommunicator>(nodes_.intra_node, device, timeout_);
+    }
     inter_comm_ = std::make_unique<ProcessGroupCommunicator>(nodes_.inter_node, device, timeout_);
     groups = {intra_comm_.get(), inter_comm_.get()};
   }

@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <mutex>
+#include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <unordered_map>
@@ -33,7 +34,7 @@ class DdpHook {
   // tests only, a transport fault to inject (gradcomp/fault_injection.h).
   DdpHook(c10::intrusive_ptr<c10d::ProcessGroup> group, EngineOptions options,
           std::chrono::milliseconds timeout = std::chrono::milliseconds(0),
-          FaultSpec fault = FaultSpec{}, NodeProcessGroups nodes = {});
+          FaultSpec fault = FaultSpec{}, NodeProcessGroups nodes = {}, std::string shm_name = "");
 
   // The DDP model's parameters in order (the register route): buckets are then recorded by
   // parameter, so the first step after a restart can reduce the layouts the checkpoint saved.
@@ -69,7 +70,11 @@ class DdpHook {
   std::unique_ptr<ProcessGroupCommunicator> comm_;
   std::unique_ptr<FaultInjectingCommunicator> faulty_;
   NodeProcessGroups nodes_;
-  std::unique_ptr<ProcessGroupCommunicator> intra_comm_, inter_comm_;
+  // On the CPU the node's ranks exchange through shared memory of this name (empty: through the
+  // intra-node process group).
+  std::string shm_name_;
+  std::unique_ptr<Communicator> intra_comm_;
+  std::unique_ptr<ProcessGroupCommunicator> inter_comm_;
   std::unique_ptr<Backend> backend_;  // this hook's own, so no other caller shares its flags
   // Its own lock: DDP looks parameters up on the autograd thread while the worker reduces.
   mutable std::mutex params_mu_;

@@ -133,7 +133,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "gradcomp C++ extension: compressed DDP communication hook and codec ops";
   py::class_<DdpHook, std::shared_ptr<DdpHook>>(m, "DdpHook")
       .def(py::init([](py::object group, const py::dict& options, py::object intra_node,
-                       py::object inter_node) {
+                       py::object inter_node, const std::string& shm_name) {
              auto pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
              gradcomp::NodeProcessGroups nodes;
              if (!intra_node.is_none()) {
@@ -142,10 +142,10 @@ PYBIND11_MODULE(_C, m) {
              }
              return std::make_shared<DdpHook>(pg, ddp_engine_options(parse_codec(options)),
                                               parse_timeout(options), parse_fault(options),
-                                              std::move(nodes));
+                                              std::move(nodes), shm_name);
            }),
            py::arg("process_group"), py::arg("options"), py::arg("intra_node") = py::none(),
-           py::arg("inter_node") = py::none())
+           py::arg("inter_node") = py::none(), py::arg("shm_name") = "")
       .def(
           "reduce_bucket",
           [](DdpHook& hook, at::Tensor bucket, int64_t index,

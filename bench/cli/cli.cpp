@@ -15,7 +15,8 @@ const char* const kUsage = R"(usage:
                        [--reps N] [--json]
   gradcomp-bench collective [--sizes ...] [--reps N] [--json]        (CUDA GPUs, NCCL)
   gradcomp-bench project [--params 1e9,7e9] [--link-gbps 25,100,400] [--gpus-per-node 8]
-                         [--nodes 16] [--encode-gbps G] [--overlap 0.5] [--json]
+                         [--nodes 16] [--nvlink-gbps 3600] [--encode-gbps G] [--overlap 0.5]
+                         [--json]          (a model: bf16, flat q4, hierarchical q4)
 )";
 
 [[noreturn]] void fail(const std::string& msg) {
@@ -34,8 +35,9 @@ Args parse(int argc, char** argv) {
   if (a.mode != "codec" && a.mode != "collective" && a.mode != "project")
     fail("unknown mode '" + a.mode + "'");
   static const std::vector<std::string> known = {
-      "--sizes",  "--codecs",    "--dtypes",        "--device", "--threads",     "--reps",
-      "--params", "--link-gbps", "--gpus-per-node", "--nodes",  "--encode-gbps", "--overlap"};
+      "--sizes",       "--codecs",  "--dtypes",     "--device",        "--threads",
+      "--reps",        "--params",  "--link-gbps",  "--gpus-per-node", "--nodes",
+      "--encode-gbps", "--overlap", "--nvlink-gbps"};
   for (int i = 2; i < argc; ++i) {
     std::string k = argv[i];
     if (k == "--json") {

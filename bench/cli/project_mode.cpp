@@ -12,11 +12,49 @@ namespace gradcomp_bench {
 
 using namespace gradcomp;
 
+namespace {
+
+// Seconds of one step's gradient exchange of P parameters, per scheme (docs/benchmarks.md).
+struct Projection {
+  double compute, bf16, flat_q4, hier_q4;
+  double flat_q4_node_bytes, hier_q4_node_bytes;
+};
+
+Projection project(double p, double gbps, double gpus, double nodes, double nvlink_gbps,
+                   double codec_gbps, double overlap) {
+  Projection r;
+  const double world = gpus * nodes;
+  const double q4 = 4.5 / 8.0;  // bytes per element of a q4 payload, block 64
+  const double link = gbps * 1e9 / 8, nvlink = nvlink_gbps * 1e9 / 8;
+  r.compute = 6.0 * p * 4096 / 396e12;
+  const double hide = overlap * r.compute * 2.0 / 3.0;
+  // Codec passes (encode, decode, the two-phase re-encode) over a GPU's elements, ~8 bytes each.
+  auto codec = [&](double elements) { return 3.0 * elements * 8.0 / (codec_gbps * 1e9); };
+  // bf16 through NCCL: its rings cross each node's link once, 2 (W-1)/W of the bucket.
+  const double bf16_bytes = 2.0 * (world - 1) / world * p * 2.0;
+  r.bf16 = r.compute + std::max(0.0, bf16_bytes / link - hide);
+  // Flat q4: every GPU compresses the whole bucket; its all-to-all sends a chunk to each of the
+  // W - L GPUs on other nodes, and the ring allgather of the chunks crosses each link once.
+  r.flat_q4_node_bytes = (gpus * (world - gpus) / world + (world - 1) / world) * p * q4;
+  r.flat_q4 = r.compute + std::max(0.0, r.flat_q4_node_bytes / link + codec(p) - hide);
+  // Hierarchical q4: bf16 reduce-scatter and allgather over NVLink, each GPU's 1/L shard
+  // compressed across nodes (L exchanges share the node's link), codec work on the shard only.
+  const double intra = 2.0 * 2.0 * (gpus - 1) / gpus * p * 2.0 / nvlink;
+  r.hier_q4_node_bytes = 2.0 * (nodes - 1) / nodes * p * q4;
+  r.hier_q4 =
+      r.compute + std::max(0.0, intra + r.hier_q4_node_bytes / link + codec(p / gpus) - hide);
+  return r;
+}
+
+}  // namespace
+
 int project_mode(const Args& a) {
   const auto params = numbers(a, "--params", "1e9,7e9", 1e3, 1e13);
   const auto links = numbers(a, "--link-gbps", "25,100,400", 0.001, 1e5);
   const double gpus = numbers(a, "--gpus-per-node", "8", 1, 1024)[0];
   const double nodes = numbers(a, "--nodes", "16", 2, 1e6)[0];
+  // NVLink per GPU and direction: 450 GB/s on H100/H200 (NVLink 4, 900 GB/s both ways).
+  const double nvlink_gbps = numbers(a, "--nvlink-gbps", "3600", 1, 1e6)[0];
   // Encode + decode throughput per GPU in elements/s. Default: the H200 bandwidth model of
   // docs/benchmarks.md (4.3 TB/s copy, ~20 bytes moved per element for encode, decode and the
   // two-phase re-encode together), to be replaced by measured numbers.
@@ -26,36 +64,29 @@ int project_mode(const Args& a) {
     std::printf("[\n");
   else
     std::printf(
-        "MODEL, not a measurement: %g nodes x %g GPUs, bf16 gradients, compute = 6*P*4096 tokens "
-        "per GPU at\n"
-        "396 TFLOP/s (40%% of 990), %.0f%% of backward (2/3 of compute) available to hide "
-        "communication.\n\n"
-        "%-8s %-10s %12s %12s %12s %12s %9s\n",
-        nodes, gpus, overlap * 100, "params", "link", "compute ms", "bf16 step", "q4 step",
-        "q4 comm MB", "speedup");
+        "MODEL, not a measurement: %g nodes x %g GPUs (NVLink %g Gbit/s), bf16 gradients, compute "
+        "= 6*P*4096 tokens\nper GPU at 396 TFLOP/s (40%% of 990), %.0f%% of backward (2/3 of "
+        "compute) available to hide communication.\n\n"
+        "%-8s %-10s %10s %10s %10s %10s %11s %11s %9s %9s\n",
+        nodes, gpus, nvlink_gbps, overlap * 100, "params", "link", "compute ms", "bf16 ms",
+        "flat q4 ms", "hier q4 ms", "flat MB/node", "hier MB/node", "vs bf16", "vs flat");
   bool first = true;
   for (double p : params) {
     for (double gbps : links) {
-      const double compute = 6.0 * p * 4096 / 396e12;
-      // Hierarchical: intra-node reduce-scatter, then each GPU's 1/gpus shard crosses the node
-      // NIC (shared by the node's GPUs): ring over nodes moves 2 (N-1)/N of it.
-      const double node_bytes_bf16 = 2.0 * (nodes - 1) / nodes * p * 2.0;
-      const double node_bytes_q4 = 2.0 * (nodes - 1) / nodes * p * (4.5 / 8.0);
-      const double link = gbps * 1e9 / 8;
-      const double hide = overlap * compute * 2.0 / 3.0;
-      const double codec =
-          3.0 * (p / gpus) * 8.0 / (codec_gbps * 1e9);  // bytes per element ~ 8 for each pass
-      const double bf16_step = compute + std::max(0.0, node_bytes_bf16 / link - hide);
-      const double q4_step = compute + std::max(0.0, node_bytes_q4 / link + codec - hide);
+      const Projection r = project(p, gbps, gpus, nodes, nvlink_gbps, codec_gbps, overlap);
       if (a.json) {
         std::printf(
             "%s  {\"params\": %g, \"link_gbps\": %g, \"compute_s\": %.5f, \"bf16_step_s\": %.5f, "
-            "\"q4_step_s\": %.5f, \"speedup\": %.3f, \"model\": true}",
-            first ? "" : ",\n", p, gbps, compute, bf16_step, q4_step, bf16_step / q4_step);
+            "\"flat_q4_step_s\": %.5f, \"hier_q4_step_s\": %.5f, \"flat_q4_node_bytes\": %.0f, "
+            "\"hier_q4_node_bytes\": %.0f, \"model\": true}",
+            first ? "" : ",\n", p, gbps, r.compute, r.bf16, r.flat_q4, r.hier_q4,
+            r.flat_q4_node_bytes, r.hier_q4_node_bytes);
         first = false;
       } else {
-        std::printf("%-8.2g %-6g Gb/s %12.1f %12.1f %12.1f %12.1f %8.2fx\n", p, gbps, compute * 1e3,
-                    bf16_step * 1e3, q4_step * 1e3, node_bytes_q4 / 1e6, bf16_step / q4_step);
+        std::printf("%-8.2g %-6g Gb/s %10.1f %10.1f %10.1f %10.1f %11.1f %11.1f %8.2fx %8.2fx\n", p,
+                    gbps, r.compute * 1e3, r.bf16 * 1e3, r.flat_q4 * 1e3, r.hier_q4 * 1e3,
+                    r.flat_q4_node_bytes / 1e6, r.hier_q4_node_bytes / 1e6, r.bf16 / r.hier_q4,
+                    r.flat_q4 / r.hier_q4);
       }
     }
   }

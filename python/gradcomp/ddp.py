@@ -103,6 +103,18 @@ def node_groups(process_group=None, local_world_size=None):
     return intra, inter
 
 
+def _node_transport(intra, node_transport):
+    """The shared-memory name the node's ranks exchange through on the CPU ("" for the intra-node
+    process group). Local rank 0 draws a job-unique name and sends it to its node."""
+    if node_transport not in ("shm", "group"):
+        raise ValueError(f"node_transport must be 'shm' or 'group', got {node_transport!r}")
+    if intra is None or node_transport == "group":
+        return ""
+    name = [f"/gradcomp-{os.getpid()}-{os.urandom(8).hex()}" if dist.get_rank(intra) == 0 else None]
+    dist.broadcast_object_list(name, src=dist.get_global_rank(intra, 0), group=intra)
+    return name[0]
+
+
 class Hook:
     """Handle to a registered hook: statistics and checkpointable state (one per rank)."""
 
@@ -150,7 +162,7 @@ def check_optimizer(optimizer: torch.optim.Optimizer, codec) -> None:
 
 
 def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *, optimizer=None,
-             timeout=None, local_world_size=None, _fault=None) -> Hook:
+             timeout=None, local_world_size=None, node_transport="shm", _fault=None) -> Hook:
     """Installs gradcomp as ``ddp_model``'s communication hook (call before the first backward).
 
     ``codec`` defaults to ``gradcomp.Q4()``. DDP allows one hook per model. ``optimizer``, when
@@ -158,6 +170,8 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *
     one of the hook's collectives may take before it raises (default: the process group's
     timeout). ``local_world_size``: ranks per node for the hierarchical scheme (uncompressed
     inside a node, compressed between nodes; see ``node_groups``), 1 for the flat scheme.
+    ``node_transport``: how a node's ranks exchange CPU buckets, "shm" (shared memory) or
+    "group" (the intra-node Gloo group); CUDA buckets always use the intra-node group (NCCL).
     ``_fault`` is for gradcomp's own tests (a transport fault to inject).
     """
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
@@ -166,7 +180,7 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *
         check_optimizer(optimizer, Q4() if codec is None else codec)
     options = _options(codec, timeout, _fault)
     intra, inter = node_groups(ddp_model.process_group, local_world_size)
-    native = _C.DdpHook(ddp_model.process_group, options, intra, inter)
+    native = _C.DdpHook(ddp_model.process_group, options, intra, inter, _node_transport(intra, node_transport))
     # Buckets are recorded by parameter position, so a restart can reduce the saved layout.
     native.set_parameters(list(ddp_model.parameters()))
     _C.install_hook(ddp_model.reducer, native)
@@ -177,7 +191,7 @@ class HookState(Hook):
     """State object for the standard route: ``ddp_model.register_comm_hook(state, comm_hook)``."""
 
     def __init__(self, codec=None, process_group=None, *, optimizer=None, timeout=None,
-                 local_world_size=None, _fault=None):
+                 local_world_size=None, node_transport="shm", _fault=None):
         if optimizer is not None:
             check_optimizer(optimizer, Q4() if codec is None else codec)
         self._options = _options(codec, timeout, _fault)
@@ -185,12 +199,13 @@ class HookState(Hook):
         # Made now, on every rank alike: creating groups later, inside backward, would be a
         # collective on the autograd thread.
         self._nodes = node_groups(process_group, local_world_size)
+        self._shm_name = _node_transport(self._nodes[0], node_transport)
         super().__init__(None, Q4() if codec is None else codec)
 
     def _ensure_native(self):
         if self._native is None:
             group = self._group if self._group is not None else dist.distributed_c10d._get_default_group()
-            self._native = _C.DdpHook(group, self._options, *self._nodes)
+            self._native = _C.DdpHook(group, self._options, *self._nodes, self._shm_name)
         return self._native
 
     def stats(self) -> dict:

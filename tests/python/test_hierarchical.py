@@ -4,9 +4,10 @@ import pytest
 from launcher import launch
 
 
+@pytest.mark.parametrize("transport", ["shm", "group"])
 @pytest.mark.parametrize("world,local", [(4, 2), (8, 4)])
-def test_hook_equals_the_three_step_reference_and_the_byte_formula(world, local):
-    stats = launch("workers_hierarchical", "equality", world, local, 3001, timeout=300)
+def test_hook_equals_the_three_step_reference_and_the_byte_formula(world, local, transport):
+    stats = launch("workers_hierarchical", "equality", world, local, 3001, transport, timeout=300)
     # q4: what leaves the node is about an L-th of the flat scheme's (1/8 of fp32 per rank, / L).
     q4 = stats[0]["q4"]
     assert q4["inter_node_bytes"] < q4["uncompressed_bytes"] / (6 * local)

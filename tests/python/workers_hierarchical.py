@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 import gradcomp.torch as gt
 from gradcomp import _C
+from gradcomp.ddp import _node_transport
 
 import reference
 from workers_common import codec, flat, grad, train
@@ -24,12 +25,13 @@ def q4_payload_bytes(n: int, block: int = 64) -> int:
 
 class HierarchicalReference:
     """The three steps in plain PyTorch on this rank: a mean reduce-scatter inside the node (as
-    the transport rounds it: x * (1 / L), then a SUM reduce-scatter), the flat reference of this
-    local rank's shard across nodes with random bits keyed by global ranks, an allgather inside
-    the node."""
+    the node's transport rounds it: Gloo scales by 1 / L, then a SUM reduce-scatter; shared
+    memory adds x * (1 / L) in local-rank order in fp32), the flat reference of this local rank's
+    shard across nodes with random bits keyed by global ranks, an allgather inside the node."""
 
-    def __init__(self, rank, world, local, n, make_flat, intra, inter):
+    def __init__(self, rank, world, local, n, make_flat, intra, inter, transport):
         self.local, self.nodes, self.n, self.intra, self.inter = local, world // local, n, intra, inter
+        self.transport, self.rank = transport, rank
         self.shard = -(-n // local)
         keys = [node * local + rank % local for node in range(self.nodes)]
         self.flat = make_flat(self.nodes, self.shard, keys)
@@ -37,9 +39,17 @@ class HierarchicalReference:
     def step(self, g, *args):
         x = torch.zeros(self.local * self.shard)
         x[: self.n] = g
-        x.mul_(1.0 / self.local)
-        mine = torch.empty(self.shard)
-        dist.reduce_scatter_tensor(mine, x, group=self.intra)
+        if self.transport == "group":
+            x.mul_(1.0 / self.local)
+            mine = torch.empty(self.shard)
+            dist.reduce_scatter_tensor(mine, x, group=self.intra)
+        else:
+            everyone = [torch.empty_like(x) for _ in range(self.local)]
+            dist.all_gather(everyone, x, group=self.intra)
+            l = self.rank % self.local
+            mine = torch.zeros(self.shard)
+            for other in everyone:
+                mine = mine + other[l * self.shard:(l + 1) * self.shard] * (1.0 / self.local)
         shards = [torch.empty(self.shard) for _ in range(self.nodes)]
         dist.all_gather(shards, mine, group=self.inter)
         reduced = self.flat.step(shards, *args)
@@ -48,15 +58,16 @@ class HierarchicalReference:
         return full[: self.n]
 
 
-def equality(rank, world, local, n):
+def equality(rank, world, local, n, transport):
     """The hook with node groups averages each bucket to the bits of the three-step reference;
     the bytes leaving the node follow the documented formula."""
     intra, inter = gt.node_groups(None, local)
+    shm = _node_transport(intra, transport)
     nodes = world // local
     out = {}
     for name in ("q4", "topk", "topk_q4warmup"):
         spec = codec(name)
-        core = _C.DdpHook(dist.group.WORLD, spec._options(), intra, inter)
+        core = _C.DdpHook(dist.group.WORLD, spec._options(), intra, inter, shm)
         shapes = [[n]]
         bucket_id = _C.bucket_identity(0, torch.zeros(n), shapes) & MASK
         if name == "q4":
@@ -66,7 +77,7 @@ def equality(rank, world, local, n):
         else:
             make = lambda w, m, keys: reference.TopKQ4Warmup(w, m, spec.ratio, spec.warmup_steps,  # noqa: E731
                                                              seed=5, key_ranks=keys)
-        ref = HierarchicalReference(rank, world, local, n, make, intra, inter)
+        ref = HierarchicalReference(rank, world, local, n, make, intra, inter, transport)
         for step in range(5):
             expect = ref.step(grad(rank, step, n), step, bucket_id) if name != "topk" else ref.step(grad(rank, step, n))
             bucket = grad(rank, step, n)

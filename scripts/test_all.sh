@@ -76,6 +76,20 @@ if ./build/bench/gradcomp-bench codec --sizes nope 2>/dev/null; then echo "bad a
 "$venv/bin/python" -c "import json; r = json.load(open('build/e2e-smoke/e2e.json')); \
 assert all(x['ok'] for x in r['throughput']), r['throughput']; assert len(r['digits']) == 3"
 
+step "smoke: two simulated nodes of 2 ranks (network namespaces, 1 Gbit/s between them): hierarchical q4 sends less between nodes than flat q4"
+set +e
+"$venv/bin/python" bench/e2e_nodes.py --quick --out build/e2e-nodes-smoke
+nodes_rc=$?
+set -e
+if [ "$nodes_rc" -eq 2 ]; then
+  echo "SKIPPED: the two-node smoke needs root and iproute2 for network namespaces"
+else
+  [ "$nodes_rc" -eq 0 ] || { echo "two-node smoke failed"; exit 1; }
+  "$venv/bin/python" -c "import json; r = json.load(open('build/e2e-nodes-smoke/e2e_nodes_quick.json')); \
+m = {x['method']: x for x in r['throughput']}; assert all(x['ok'] for x in m.values()), m; \
+assert m['gradcomp-q4-hier']['link_bytes_per_step'] < 0.65 * m['gradcomp-q4']['link_bytes_per_step'], m"
+fi
+
 step "convergence smoke: a small transformer with AdamW on 2 ranks; top-k's remedies (warm-up + clipping, q4 warm-up) beat plain error feedback"
 "$venv/bin/python" bench/convergence.py --quick --out build/convergence-smoke
 

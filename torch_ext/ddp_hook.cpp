@@ -5,6 +5,7 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 
 #include "profiled_backend.h"
+#include "profiled_communicator.h"
 #include "profiler_ranges.h"
 #include "tensor_params.h"
 
@@ -125,8 +126,8 @@ void DdpHook::bind(const at::Tensor& bucket) {
     if (device.is_cpu() && !shm_name_.empty()) {
       const double seconds = timeout_.count() > 0 ? timeout_.count() / 1e3 : 300.0;
       intra_comm_ = call_core([&] {
-        return std::make_unique<ShmCommunicator>(shm_name_, nodes_.intra_node->getRank(),
-                                                 nodes_.intra_node->getSize(), seconds);
+        return std::make_unique<ProfiledCommunicator>(std::make_unique<ShmCommunicator>(
+            shm_name_, nodes_.intra_node->getRank(), nodes_.intra_node->getSize(), seconds));
       });
     } else {
       intra_comm_ = std::make_unique<ProcessGroupCommunicator>(nodes_.intra_node, device, timeout_);

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,11 +12,13 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <random>
 #include <sstream>
 
 #include "gradcomp/torch.h"
 #include "process_group_communicator.h"
 #include "profiled_backend.h"
+#include "profiled_communicator.h"
 #include "tensor_params.h"
 
 #if defined(GRADCOMP_HAVE_CUDA)
@@ -104,10 +107,39 @@ struct GradSync::Impl {
 #endif
   std::unique_ptr<torch_ext::ProcessGroupCommunicator> comm_;
   NodeProcessGroups nodes_;
-  std::unique_ptr<torch_ext::ProcessGroupCommunicator> intra_comm_, inter_comm_;
+  std::unique_ptr<Communicator> intra_comm_;
+  std::unique_ptr<torch_ext::ProcessGroupCommunicator> inter_comm_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<BucketEngine> engine_;  // last: destroyed first
 };
+
+namespace {
+
+// The node's ranks exchange through shared memory: local rank 0 draws the segment's name and
+// hands it to the others through the node group's store (a key per GradSync made, in the same
+// order on every rank).
+std::unique_ptr<Communicator> node_shared_memory(const c10::intrusive_ptr<c10d::ProcessGroup>& node,
+                                                 std::chrono::milliseconds timeout) {
+  static std::atomic<uint64_t> made{0};
+  auto store = node->getStore();
+  GRADCOMP_CHECK(store, "GradSync: the intra-node process group has no store");
+  const std::string key = "gradcomp/shm/" + std::to_string(made++);
+  std::string name;
+  if (node->getRank() == 0) {
+    std::random_device random;
+    name = "/gradcomp-" + std::to_string(getpid()) + "-" + std::to_string(random()) + "-" +
+           std::to_string(random());
+    store->set(key, std::vector<uint8_t>(name.begin(), name.end()));
+  } else {
+    const std::vector<uint8_t> got = store->get(key);
+    name.assign(got.begin(), got.end());
+  }
+  const double seconds = timeout.count() > 0 ? timeout.count() / 1e3 : 300.0;
+  return std::make_unique<torch_ext::ProfiledCommunicator>(
+      std::make_unique<ShmCommunicator>(name, node->getRank(), node->getSize(), seconds));
+}
+
+}  // namespace
 
 GradSync::Impl::Impl(std::vector<at::Tensor> parameters, std::vector<std::string> names,
                      c10::intrusive_ptr<c10d::ProcessGroup> group, const CodecSpec& codec,
@@ -175,8 +207,12 @@ GradSync::Impl::Impl(std::vector<at::Tensor> parameters, std::vector<std::string
   NodeGroups groups;
   if (nodes_.intra_node) {
     GRADCOMP_CHECK(nodes_.inter_node, "GradSync: node_groups needs the inter-node group too");
-    intra_comm_ = std::make_unique<torch_ext::ProcessGroupCommunicator>(
-        nodes_.intra_node, device_, options_.collective_timeout);
+    if (device_.is_cpu() && options_.node_shared_memory) {
+      intra_comm_ = node_shared_memory(nodes_.intra_node, options_.collective_timeout);
+    } else {
+      intra_comm_ = std::make_unique<torch_ext::ProcessGroupCommunicator>(
+          nodes_.intra_node, device_, options_.collective_timeout);
+    }
     inter_comm_ = std::make_unique<torch_ext::ProcessGroupCommunicator>(
         nodes_.inter_node, device_, options_.collective_timeout);
     groups = {intra_comm_.get(), inter_comm_.get()};

@@ -44,14 +44,14 @@ void ProcessGroupCommunicator::run_allreduce_mean(void* data, int64_t numel, DTy
   wait(group_->allreduce(tensors));
 }
 
-void ProcessGroupCommunicator::run_reduce_scatter_mean(void* send, void* recv,
+void ProcessGroupCommunicator::run_reduce_scatter_mean(const void* send, void* recv,
                                                        int64_t numel_per_rank, DType dtype) {
   GRADCOMP_PHASE("gradcomp::reduce_scatter");
   const at::ScalarType type = to_scalar_type(dtype);
-  at::Tensor in = wrap(send, numel_per_rank * world_size(), type);
+  at::Tensor in = wrap(const_cast<void*>(send), numel_per_rank * world_size(), type);
   at::Tensor out = wrap(recv, numel_per_rank, type);
-  in.mul_(1.0 / static_cast<double>(world_size()));
-  wait(group_->reduce_scatter_single(out, in));
+  at::Tensor scaled = in.mul(1.0 / static_cast<double>(world_size()));
+  wait(group_->reduce_scatter_single(out, scaled));
 }
 
 }  // namespace torch_ext

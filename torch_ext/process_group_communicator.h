@@ -28,8 +28,8 @@ class ProcessGroupCommunicator final : public Communicator {
   // As DDP without a hook: each rank scales by 1/W, then a SUM allreduce, so the uncompressed
   // path through gradcomp is bit-identical to plain DDP.
   void run_allreduce_mean(void* data, int64_t numel, DType dtype) override;
-  // The same rounding: send scaled by 1/W in place, then a SUM reduce-scatter.
-  void run_reduce_scatter_mean(void* send, void* recv, int64_t numel_per_rank,
+  // The same rounding: a copy of send scaled by 1/W, then a SUM reduce-scatter.
+  void run_reduce_scatter_mean(const void* send, void* recv, int64_t numel_per_rank,
                                DType dtype) override;
 
  private:

@@ -61,7 +61,7 @@ void Communicator::allreduce_mean(void* data, int64_t numel, DType dtype) {
   bytes_sent_ += ring_allreduce_bytes(numel, dtype, world_size());
 }
 
-void Communicator::reduce_scatter_mean(void* send, void* recv, int64_t numel_per_rank,
+void Communicator::reduce_scatter_mean(const void* send, void* recv, int64_t numel_per_rank,
                                        DType dtype) {
   run("reduce_scatter", static_cast<uint64_t>(numel_per_rank) * dtype_size(dtype) * world_size(),
       [&] { run_reduce_scatter_mean(send, recv, numel_per_rank, dtype); });

@@ -170,8 +170,8 @@ struct CompressedAllreduce::Bucket {
   uint64_t slot_bytes = 0;     // one-phase q4 and top-k payloads
   uint64_t q4_slot_bytes = 0;  // two-phase q4 chunk payloads
   int64_t chunk = 0;
-  // Hierarchical: the bucket gathered from its segments (zero-padded to L shards), this rank's
-  // shard, and every local rank's reduced shard.
+  // Hierarchical: this rank's shard and, for buckets not exchanged in place, the bucket gathered
+  // from its segments (zero-padded to L shards) and every local rank's reduced shard.
   detail::BackendBuffer node_send, node_shard, node_gathered;
 };
 
@@ -236,10 +236,7 @@ CompressedAllreduce::Bucket& CompressedAllreduce::bucket_for(const Segment* segm
   b->dtype = dtype;
   if (node_ != nullptr) {
     const size_t shard_bytes = static_cast<size_t>(numel) * dtype_size(dtype);
-    b->node_send = Buffer(backend_, shard_bytes * local);
-    backend_.fill_zero(b->node_send.get(), shard_bytes * local);  // the padding stays zero
     b->node_shard = Buffer(backend_, shard_bytes);
-    b->node_gathered = Buffer(backend_, shard_bytes * local);
   }
   const int world = comm_.world_size();
   const size_t rbytes = static_cast<size_t>(numel) * dtype_size(config_.residual_dtype);
@@ -406,13 +403,30 @@ void CompressedAllreduce::enqueue_allreduce(const Segment* segments, int num_seg
   }
   const size_t esize = dtype_size(dtype);
   const size_t shard_bytes = static_cast<size_t>(b.numel) * esize;
-  for (int i = 0; i < num_segments; ++i) {
-    backend_.copy(b.node_send.get() + static_cast<size_t>(segments[i].offset) * esize,
-                  segments[i].data, static_cast<size_t>(segments[i].numel) * esize);
+  // One segment of L whole shards (the usual DDP bucket) is exchanged in place; otherwise the
+  // segments are gathered into a zero-padded buffer first and scattered back at the end.
+  const int local = local_world_size();
+  const bool in_place =
+      num_segments == 1 && segments[0].offset == 0 && b.numel * local == b.full_numel;
+  if (!in_place && b.node_send.get() == nullptr) {
+    b.node_send = Buffer(backend_, shard_bytes * local);
+    backend_.fill_zero(b.node_send.get(), shard_bytes * local);  // the padding stays zero
+    b.node_gathered = Buffer(backend_, shard_bytes * local);
   }
-  node_->reduce_scatter_mean(b.node_send.get(), b.node_shard.get(), b.numel, dtype);
+  if (!in_place) {
+    for (int i = 0; i < num_segments; ++i) {
+      backend_.copy(b.node_send.get() + static_cast<size_t>(segments[i].offset) * esize,
+                    segments[i].data, static_cast<size_t>(segments[i].numel) * esize);
+    }
+  }
+  node_->reduce_scatter_mean(in_place ? segments[0].data : b.node_send.get(), b.node_shard.get(),
+                             b.numel, dtype);
   const Segment shard{b.node_shard.get(), 0, b.numel};
   run_compressed(b, &shard, 1, dtype);
+  if (in_place) {
+    node_->all_gather(b.node_shard.get(), segments[0].data, shard_bytes);
+    return;
+  }
   node_->all_gather(b.node_shard.get(), b.node_gathered.get(), shard_bytes);
   for (int i = 0; i < num_segments; ++i) {
     backend_.copy(segments[i].data,

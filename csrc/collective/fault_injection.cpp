@@ -107,7 +107,7 @@ void FaultInjectingCommunicator::run_allreduce_mean(void* data, int64_t numel, D
   after(strike, nullptr, 0);
 }
 
-void FaultInjectingCommunicator::run_reduce_scatter_mean(void* send, void* recv,
+void FaultInjectingCommunicator::run_reduce_scatter_mean(const void* send, void* recv,
                                                          int64_t numel_per_rank, DType dtype) {
   const bool strike = strikes("reduce_scatter");
   before(strike);

@@ -72,7 +72,7 @@ class InProcessCommunicator final : public Communicator {
     shared_->barrier(rank_, "allreduce");
   }
   // The same arithmetic on slice rank() of every rank's send.
-  void run_reduce_scatter_mean(void* send, void* recv, int64_t numel_per_rank,
+  void run_reduce_scatter_mean(const void* send, void* recv, int64_t numel_per_rank,
                                DType dtype) override {
     post(kReduceScatter, "reduce_scatter", send,
          static_cast<size_t>(numel_per_rank) * dtype_size(dtype));

@@ -40,7 +40,7 @@ void NcclCommunicator::run_allreduce_mean(void* data, int64_t numel, DType dtype
       ncclAllReduce(data, data, static_cast<size_t>(numel), type, ncclAvg, comm_, stream_));
 }
 
-void NcclCommunicator::run_reduce_scatter_mean(void* send, void* recv, int64_t numel_per_rank,
+void NcclCommunicator::run_reduce_scatter_mean(const void* send, void* recv, int64_t numel_per_rank,
                                                DType dtype) {
   GRADCOMP_NCCL_CHECK(ncclReduceScatter(send, recv, static_cast<size_t>(numel_per_rank),
                                         nccl_type(dtype), ncclAvg, comm_, stream_));

@@ -228,6 +228,18 @@ void ShmCommunicator::mean_of_slots(size_t piece_offset, int64_t numel, DType dt
                                     void* out) const {
   const uint8_t code = static_cast<uint8_t>(dtype);
   const float scale = 1.0f / static_cast<float>(world_);
+  if (dtype == DType::kFloat32) {
+    // The same arithmetic without conversions, in loops the compiler vectorises (the build
+    // keeps mul and add apart: no FMA).
+    float* sum = static_cast<float*>(out);
+    const float* first = reinterpret_cast<const float*>(slot(0) + piece_offset);
+    for (int64_t i = 0; i < numel; ++i) sum[i] = 0.0f + first[i] * scale;
+    for (int w = 1; w < world_; ++w) {
+      const float* from = reinterpret_cast<const float*>(slot(w) + piece_offset);
+      for (int64_t i = 0; i < numel; ++i) sum[i] = sum[i] + from[i] * scale;
+    }
+    return;
+  }
   std::vector<float> sum(static_cast<size_t>(numel), 0.0f);
   for (int w = 0; w < world_; ++w) {
     const uint8_t* from = slot(w) + piece_offset;
@@ -237,7 +249,7 @@ void ShmCommunicator::mean_of_slots(size_t piece_offset, int64_t numel, DType dt
   for (int64_t i = 0; i < numel; ++i) math::store_from_float(out, i, code, sum[i]);
 }
 
-void ShmCommunicator::run_reduce_scatter_mean(void* send, void* recv, int64_t numel_per_rank,
+void ShmCommunicator::run_reduce_scatter_mean(const void* send, void* recv, int64_t numel_per_rank,
                                               DType dtype) {
   const size_t esize = dtype_size(dtype);
   const int64_t piece = static_cast<int64_t>(slot_bytes_ / esize / static_cast<size_t>(world_));

@@ -239,7 +239,7 @@ class SlowCommunicator final : public Communicator {
   void run_allreduce_mean(void* data, int64_t numel, DType dtype) override {
     inner_.allreduce_mean(data, numel, dtype);
   }
-  void run_reduce_scatter_mean(void* send, void* recv, int64_t n, DType dtype) override {
+  void run_reduce_scatter_mean(const void* send, void* recv, int64_t n, DType dtype) override {
     inner_.reduce_scatter_mean(send, recv, n, dtype);
   }
 

@@ -34,8 +34,8 @@ class Communicator {
   void allreduce_mean(void* data, int64_t numel, DType dtype);
   // recv (numel_per_rank elements) receives the mean over the ranks of slice rank() of send
   // (world_size() slices of numel_per_rank elements), rounded as allreduce_mean rounds. send is
-  // scratch: the transport may scale it in place.
-  void reduce_scatter_mean(void* send, void* recv, int64_t numel_per_rank, DType dtype);
+  // left as it was.
+  void reduce_scatter_mean(const void* send, void* recv, int64_t numel_per_rank, DType dtype);
 
   // Bytes this rank has put on the wire (its own slot is not counted; a plain allreduce counts
   // as ring_allreduce_bytes).
@@ -48,7 +48,7 @@ class Communicator {
   virtual void run_all_to_all(const void* send, void* recv, size_t bytes_per_rank) = 0;
   virtual void run_all_gather(const void* send, void* recv, size_t bytes_per_rank) = 0;
   virtual void run_allreduce_mean(void* data, int64_t numel, DType dtype) = 0;
-  virtual void run_reduce_scatter_mean(void* send, void* recv, int64_t numel_per_rank,
+  virtual void run_reduce_scatter_mean(const void* send, void* recv, int64_t numel_per_rank,
                                        DType dtype) = 0;
 
  private:

@@ -41,7 +41,7 @@ class FaultInjectingCommunicator final : public Communicator {
   void run_all_to_all(const void* send, void* recv, size_t bytes_per_rank) override;
   void run_all_gather(const void* send, void* recv, size_t bytes_per_rank) override;
   void run_allreduce_mean(void* data, int64_t numel, DType dtype) override;
-  void run_reduce_scatter_mean(void* send, void* recv, int64_t numel_per_rank,
+  void run_reduce_scatter_mean(const void* send, void* recv, int64_t numel_per_rank,
                                DType dtype) override;
 
  private:

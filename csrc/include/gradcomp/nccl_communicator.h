@@ -31,7 +31,7 @@ class NcclCommunicator final : public Communicator {
   // ncclAvg on the communicator's stream.
   void run_allreduce_mean(void* data, int64_t numel, DType dtype) override;
   // ncclReduceScatter with ncclAvg on the communicator's stream.
-  void run_reduce_scatter_mean(void* send, void* recv, int64_t numel_per_rank,
+  void run_reduce_scatter_mean(const void* send, void* recv, int64_t numel_per_rank,
                                DType dtype) override;
 
  private:

@@ -55,6 +55,9 @@ struct GradSyncOptions {
   // 1: flat. Ignored when node_groups is given.
   int local_world_size = 1;
   NodeProcessGroups node_groups;
+  // On the CPU a node's ranks exchange through shared memory (gradcomp::ShmCommunicator);
+  // false: through the intra-node process group. CUDA always uses the group (NCCL).
+  bool node_shared_memory = true;
 };
 
 struct GradSyncStats {

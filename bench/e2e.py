@@ -120,6 +120,9 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--quick", action="store_true", help="2 ranks, 1 Gbit/s, 8 steps, 5 digits epochs")
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket cap, the same for every method")
+    ap.add_argument("--trace", action="store_true",
+                    help="profile one more step of gradcomp-q4 and gradcomp-topk at the first rate (bench/timeline.py)")
     args = ap.parse_args()
     if args.quick:
         args.world, args.gbps, args.steps, args.warmup, args.digits_epochs = "2", "1", 8, 2, 5
@@ -143,7 +146,8 @@ def main():
     results = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
                "link_note": link.note, "config": vars(args), "throughput": [], "limit": {}, "digits": []}
-    extra = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--hidden", str(args.hidden)]
+    extra = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--hidden", str(args.hidden),
+             "--bucket-cap-mb", str(args.bucket_cap_mb)]
     try:
         total = len(worlds) * (1 + len(rates) * len(methods)) + len([m for m in methods if m in PYTHON_METHODS])
         done = 0
@@ -160,7 +164,11 @@ def main():
                 for method in methods:
                     done += 1
                     print(f"[{done}/{total}] W={world} {gbps:g} Gbit/s {method}", flush=True)
-                    r = run_ranks(link, "throughput", method, world, extra, args.timeout, cpp_bin=args.cpp_bin)
+                    trace = []
+                    if args.trace and gbps == rates[0] and method in ("gradcomp-q4", "gradcomp-topk"):
+                        trace = ["--trace", os.path.join(args.out, f"trace_{method}_w{world}_{gbps:g}g")]
+                    r = run_ranks(link, "throughput", method, world, extra + trace, args.timeout,
+                                  cpp_bin=args.cpp_bin)
                     results["throughput"].append({"world": world, "gbps": gbps, "rate_limited": limited,
                                                   "method": method, **r})
         link.set_rate(rates[0] * 2)

@@ -110,6 +110,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--hidden", type=int, default=4096, help="4096 gives a 25.2M-parameter model")
     ap.add_argument("--trace", action="store_true", help="profile one step of " + ", ".join(TRACED))
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket cap, the same for every method")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--quick", action="store_true", help="2 x 2 at 1 Gbit/s, q4 flat and hierarchical, 4 steps")
     ap.add_argument("--timeout", type=float, default=900)
@@ -131,7 +132,8 @@ def main():
     results = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
                "config": vars(args), "throughput": [], "limit": {}}
-    extra = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--hidden", str(args.hidden)]
+    extra = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--hidden", str(args.hidden),
+             "--bucket-cap-mb", str(args.bucket_cap_mb)]
     try:
         for local in locals_:
             world = NODES * local

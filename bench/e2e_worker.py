@@ -25,8 +25,8 @@ SINGLE_BUCKET = ("powersgd-r4", "quant-pertensor")
 DEVICE = torch.device("cpu")
 
 
-def make_ddp(model, method):
-    cap = 100000 if method in SINGLE_BUCKET else 25
+def make_ddp(model, method, bucket_cap_mb=25.0):
+    cap = 100000 if method in SINGLE_BUCKET else bucket_cap_mb
     return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
 
 
@@ -77,7 +77,7 @@ def throughput(args, rank, world):
                           nn.Linear(hidden, 1024))
     params = sum(p.numel() for p in model.parameters())
     model = model.to(DEVICE)
-    ddp = make_ddp(model, args.method) if world > 1 else model
+    ddp = make_ddp(model, args.method, args.bucket_cap_mb) if world > 1 else model
     hook = install(args.method, ddp, gt, gradcomp, args.local_world_size) if world > 1 else None
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
     x = torch.randn(args.batch, 1024, device=DEVICE)
@@ -166,6 +166,7 @@ def main():
     p.add_argument("--master", default="127.0.0.1", help="address of rank 0's store")
     p.add_argument("--iface", default="lo", help="the interface whose sent bytes are counted")
     p.add_argument("--local-world-size", type=int, default=1, help="ranks per node (the -hier methods)")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket cap, for every method")
     p.add_argument("--trace", default="", help="profile one more step into TRACE.rank<r>.json")
     args = p.parse_args()
     torch.set_num_threads(1)

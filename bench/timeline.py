@@ -86,26 +86,30 @@ def plot(paths, out, title):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    kinds = [("forward", "step::forward", "tab:gray"), ("backward", "step::backward", "tab:blue"),
-             ("optimizer", "step::optimizer", "tab:olive"), ("encode/decode", CODEC, "tab:orange"),
-             ("collective", COMM, "tab:red")]
-    fig, ax = plt.subplots(figsize=(11, 0.9 + 0.7 * len(paths)))
-    origin = None
+    kinds = [("forward", "step::forward", "tab:gray"), ("optimizer", "step::optimizer", "tab:olive"),
+             ("encode/decode", CODEC, "tab:orange"), ("collective", COMM, "tab:red")]
+    fig, ax = plt.subplots(figsize=(11, 1.4 + 0.7 * len(paths)))
     for row, path in enumerate(paths):
         ev = events(path)
-        start = min(e["ts"] for e in ev if e["name"] == "step::forward")
-        origin = start
+        origin = min(e["ts"] for e in ev if e["name"] == "step::forward")
+        s = summarise(path)
+        b0 = next(e["ts"] for e in ev if e["name"] == "step::backward") - origin
+        compute_end = b0 + s["backward_compute_ms"] * 1e3
+        ax.broken_barh([(b0 / 1e3, s["backward_compute_ms"])], (row + 0.05, 0.4), color="tab:blue",
+                       label="backward compute" if row == 0 else None)
+        ax.broken_barh([(compute_end / 1e3, s["tail_ms"])], (row + 0.05, 0.4), color="lightsteelblue",
+                       label="backward: waiting for buckets" if row == 0 else None)
         for k, (label, names, color) in enumerate(kinds):
             names = (names,) if isinstance(names, str) else names
             spans = union([[e["ts"] - origin, e["ts"] + e["dur"] - origin] for e in ev if e["name"] in names])
-            y = row + (0.05 if k < 3 else 0.5)
+            y = row + (0.05 if k < 2 else 0.5)
             ax.broken_barh([(a / 1e3, (b - a) / 1e3) for a, b in spans], (y, 0.4), color=color,
                            label=label if row == 0 else None)
     ax.set_yticks([r + 0.5 for r in range(len(paths))])
     ax.set_yticklabels([f"rank {r}" for r in range(len(paths))])
     ax.set_xlabel("ms since the step began (upper half: the step; lower: gradcomp's codec and collectives)")
     ax.set_title(title)
-    ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    ax.legend(fontsize=8, ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.25))
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 

@@ -228,6 +228,32 @@ def print_table(results):
                 print(f"{r['method']:16s} failed: {r.get('error', '?')}")
 
 
+def step_time_bars(plt, rows, methods, config_of, limit_of, label_of, title, path, log=False):
+    """Median step time per method (bars) and configuration (groups), the no-communication limit
+    dashed; shared by bench/e2e.py and bench/e2e_nodes.py."""
+    configs = sorted({config_of(r) for r in rows})
+    methods = [m for m in methods if any(r["method"] == m for r in rows)]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / max(1, len(methods))
+    for i, m in enumerate(methods):
+        ys = [next((r["step_s"] * 1e3 for r in rows if r["method"] == m and config_of(r) == c), 0)
+              for c in configs]
+        ax.bar([j + i * width for j in range(len(configs))], ys, width, label=m)
+    for j, c in enumerate(configs):
+        limit = limit_of(c)
+        if limit:
+            ax.hlines(limit * 1e3, j - width / 2, j + 0.8 - width / 2, colors="k", linestyles="dashed")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(configs))])
+    ax.set_xticklabels([label_of(c) for c in configs])
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel("median step time (ms" + (", log" if log else "") + "); dashed: no communication")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def plot(results, out):
     try:
         import matplotlib
@@ -237,25 +263,11 @@ def plot(results, out):
         print("matplotlib not installed: no plots")
         return
     rows = [r for r in results["throughput"] if r.get("ok")]
-    configs = sorted({(r["world"], r["gbps"]) for r in rows})
-    methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    width = 0.8 / max(1, len(methods))
-    for i, m in enumerate(methods):
-        ys = [next((r["step_s"] * 1e3 for r in rows if r["method"] == m and (r["world"], r["gbps"]) == c), 0)
-              for c in configs]
-        ax.bar([j + i * width for j in range(len(configs))], ys, width, label=m)
-    for j, (world, _) in enumerate(configs):
-        limit = results["limit"].get(str(world), {}).get("step_s")
-        if limit:
-            ax.hlines(limit * 1e3, j - width / 2, j + 0.8 - width / 2, colors="k", linestyles="dashed")
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(configs))])
-    ax.set_xticklabels([f"W={w}, {g:g} Gbit/s" for w, g in configs])
-    ax.set_ylabel("median step time (ms); dashed: no communication")
-    ax.set_title(f"25M-parameter MLP, DDP on CPU/Gloo ({results['date'][:10]})")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "step_time.png"), dpi=110)
+    step_time_bars(plt, rows, METHODS, lambda r: (r["world"], r["gbps"]),
+                   lambda c: results["limit"].get(str(c[0]), {}).get("step_s"),
+                   lambda c: f"W={c[0]}, {c[1]:g} Gbit/s",
+                   f"25M-parameter MLP, DDP on CPU/Gloo ({results['date'][:10]})",
+                   os.path.join(out, "step_time.png"))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in results["digits"]:
         if r.get("ok"):

@@ -206,26 +206,11 @@ def plot(results, out):
         print("matplotlib not installed: no plot")
         return
     rows = [r for r in results["throughput"] if r.get("ok")]
-    configs = sorted({(r["local"], r["gbps"]) for r in rows})
-    methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    width = 0.8 / max(1, len(methods))
-    for i, m in enumerate(methods):
-        ys = [next((r["step_s"] * 1e3 for r in rows if r["method"] == m and (r["local"], r["gbps"]) == c), 0)
-              for c in configs]
-        ax.bar([j + i * width for j in range(len(configs))], ys, width, label=m)
-    for j, (local, _) in enumerate(configs):
-        limit = results["limit"].get(str(local), {}).get("step_s")
-        if limit:
-            ax.hlines(limit * 1e3, j - width / 2, j + 0.8 - width / 2, colors="k", linestyles="dashed")
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(configs))])
-    ax.set_xticklabels([f"{NODES} x {l}, {g:g} Gbit/s" for l, g in configs])
-    ax.set_yscale("log")
-    ax.set_ylabel("median step time (ms, log); dashed: no communication")
-    ax.set_title(f"25M-parameter MLP, two simulated nodes, CPU/Gloo ({results['date'][:10]})")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "step_time_nodes.png"), dpi=110)
+    e2e.step_time_bars(plt, rows, METHODS, lambda r: (r["local"], r["gbps"]),
+                       lambda c: results["limit"].get(str(c[0]), {}).get("step_s"),
+                       lambda c: f"{NODES} x {c[0]}, {c[1]:g} Gbit/s",
+                       f"25M-parameter MLP, two simulated nodes, CPU/Gloo ({results['date'][:10]})",
+                       os.path.join(out, "step_time_nodes.png"), log=True)
 
 
 if __name__ == "__main__":

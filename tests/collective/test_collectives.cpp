@@ -164,6 +164,47 @@ class Reference {
   std::vector<std::vector<float>> res1_, res2_;
 };
 
+// Five steps of a bf16 bucket of n elements (the state saved before step 3), then a fresh
+// allreduce that loads that state and redoes steps 3 and 4: step 4's result both ways.
+struct RoundTrip {
+  std::vector<float> uninterrupted, resumed;
+  CompressionState saved;
+};
+
+template <typename Make>
+RoundTrip checkpoint_round_trip(const Make& make, int rank, int64_t n) {
+  auto input = [&](uint32_t step) {
+    return HostTensor::from_floats(DType::kBFloat16, testing::normal_floats(n, 100 * step + rank));
+  };
+  RoundTrip r;
+  auto run = [&](CompressedAllreduce& a, uint32_t from, std::vector<float>& last) {
+    for (uint32_t step = from; step < 5; ++step) {
+      if (step == 3 && from == 0) r.saved = a.state();
+      HostTensor x = input(step);
+      Segment seg = x.segment();
+      a.allreduce(&seg, 1, DType::kBFloat16, 11);
+      a.advance_step();
+      if (step == 4) last = x.floats();
+    }
+  };
+  std::unique_ptr<CompressedAllreduce> a = make();
+  run(*a, 0, r.uninterrupted);
+  std::unique_ptr<CompressedAllreduce> b = make();
+  b->load_state(r.saved);
+  run(*b, 3, r.resumed);
+  EXPECT_EQ(b->step(), 5u);
+  return r;
+}
+
+// Every rank's fp32 bucket of n elements at `step`.
+std::vector<HostTensor> step_inputs(int world, int64_t n, uint32_t step) {
+  std::vector<HostTensor> inputs;
+  for (int r = 0; r < world; ++r)
+    inputs.push_back(
+        HostTensor::from_floats(DType::kFloat32, testing::normal_floats(n, 1000 * step + r)));
+  return inputs;
+}
+
 class CollectiveEquality : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(CollectiveEquality, MatchesTheDecodeAndSumReferenceAndTheByteFormula) {
@@ -174,15 +215,11 @@ TEST_P(CollectiveEquality, MatchesTheDecodeAndSumReferenceAndTheByteFormula) {
     Reference ref(v.config, world, n);
     std::vector<std::vector<float>> results(world);
     std::vector<uint64_t> sent(world);
-    auto backend = make_cpu_backend();
     std::vector<std::unique_ptr<Backend>> backends;
     for (int r = 0; r < world; ++r) backends.push_back(make_cpu_backend());
     std::vector<std::unique_ptr<CompressedAllreduce>> engines(world);
     for (uint32_t step = 0; step < 3; ++step) {
-      std::vector<HostTensor> inputs;
-      for (int r = 0; r < world; ++r)
-        inputs.push_back(
-            HostTensor::from_floats(DType::kFloat32, testing::normal_floats(n, 1000 * step + r)));
+      std::vector<HostTensor> inputs = step_inputs(world, n, step);
       std::vector<float> expect = ref.step(inputs, step, 7);
       run_ranks(group, [&](int rank, Communicator& comm) {
         if (!engines[rank])
@@ -271,10 +308,7 @@ TEST_P(HierarchicalEquality, MatchesNodeMeanThenFlatReferencePerShardAndTheByteF
     for (int r = 0; r < world; ++r) backends.push_back(make_cpu_backend());
     std::vector<std::unique_ptr<CompressedAllreduce>> engines(world);
     for (uint32_t step = 0; step < 3; ++step) {
-      std::vector<HostTensor> inputs;
-      for (int r = 0; r < world; ++r)
-        inputs.push_back(
-            HostTensor::from_floats(DType::kFloat32, testing::normal_floats(n, 1000 * step + r)));
+      std::vector<HostTensor> inputs = step_inputs(world, n, step);
       const std::vector<float> expect = ref.step(inputs, step, 7);
       testing::run_grid(grid, [&](int rank, NodeGroups groups) {
         if (!engines[rank])
@@ -402,38 +436,18 @@ TEST(Hierarchical, CheckpointResumeIsBitIdenticalAndKeepsShardResiduals) {
   for (const Variant& v : variants()) {
     testing::NodeGrid grid(2, 2);
     const int world = 4;
-    std::vector<std::vector<float>> uninterrupted(world), resumed(world);
-    std::vector<uint64_t> residual_size(world);
-    auto input = [](int rank, uint32_t step) {
-      return HostTensor::from_floats(DType::kBFloat16,
-                                     testing::normal_floats(701, 100 * step + rank));
-    };
+    std::vector<RoundTrip> trips(world);
     testing::run_grid(grid, [&](int rank, NodeGroups groups) {
       auto backend = make_cpu_backend();
-      CompressedAllreduce a(groups, *backend, v.config);
-      CompressionState saved;
-      for (uint32_t step = 0; step < 5; ++step) {
-        if (step == 3) saved = a.state();
-        HostTensor x = input(rank, step);
-        Segment seg = x.segment();
-        a.allreduce(&seg, 1, DType::kBFloat16, 11);
-        a.advance_step();
-        if (step == 4) uninterrupted[rank] = x.floats();
-      }
-      residual_size[rank] = saved.residuals.at(11).size();
-      CompressedAllreduce b(groups, *backend, v.config);
-      b.load_state(saved);
-      for (uint32_t step = 3; step < 5; ++step) {
-        HostTensor x = input(rank, step);
-        Segment seg = x.segment();
-        b.allreduce(&seg, 1, DType::kBFloat16, 11);
-        b.advance_step();
-        if (step == 4) resumed[rank] = x.floats();
-      }
+      trips[rank] = checkpoint_round_trip(
+          [&] { return std::make_unique<CompressedAllreduce>(groups, *backend, v.config); }, rank,
+          701);
     });
     for (int r = 0; r < world; ++r) {
-      EXPECT_EQ(uninterrupted[r], resumed[r]) << v.name << " rank " << r;
-      EXPECT_EQ(residual_size[r], residual_bytes(v.config, node_shard_numel(701, 2))) << v.name;
+      EXPECT_EQ(trips[r].uninterrupted, trips[r].resumed) << v.name << " rank " << r;
+      EXPECT_EQ(trips[r].saved.residuals.at(11).size(),
+                residual_bytes(v.config, node_shard_numel(701, 2)))
+          << v.name;
     }
   }
 }
@@ -552,36 +566,15 @@ TEST(Collectives, CheckpointResumeIsBitIdentical) {
   for (const Variant& v : variants()) {
     const int world = 3;
     InProcessGroup group(world);
-    std::vector<std::vector<float>> uninterrupted(world), resumed(world);
-    auto input = [](int rank, uint32_t step) {
-      return HostTensor::from_floats(DType::kBFloat16,
-                                     testing::normal_floats(700, 100 * step + rank));
-    };
+    std::vector<RoundTrip> trips(world);
     run_ranks(group, [&](int rank, Communicator& comm) {
       auto backend = make_cpu_backend();
-      CompressedAllreduce a(comm, *backend, v.config);
-      CompressionState saved;
-      for (uint32_t step = 0; step < 5; ++step) {
-        if (step == 3) saved = a.state();
-        HostTensor x = input(rank, step);
-        Segment seg = x.segment();
-        a.allreduce(&seg, 1, DType::kBFloat16, 11);
-        a.advance_step();
-        if (step == 4) uninterrupted[rank] = x.floats();
-      }
-      CompressedAllreduce b(comm, *backend, v.config);
-      b.load_state(saved);
-      for (uint32_t step = 3; step < 5; ++step) {
-        HostTensor x = input(rank, step);
-        Segment seg = x.segment();
-        b.allreduce(&seg, 1, DType::kBFloat16, 11);
-        b.advance_step();
-        if (step == 4) resumed[rank] = x.floats();
-      }
-      EXPECT_EQ(b.step(), 5u);
+      trips[rank] = checkpoint_round_trip(
+          [&] { return std::make_unique<CompressedAllreduce>(comm, *backend, v.config); }, rank,
+          700);
     });
     for (int r = 0; r < world; ++r)
-      EXPECT_EQ(uninterrupted[r], resumed[r]) << v.name << " rank " << r;
+      EXPECT_EQ(trips[r].uninterrupted, trips[r].resumed) << v.name << " rank " << r;
   }
 }
 

@@ -23,6 +23,16 @@ def grad(rank: int, step: int, n: int) -> torch.Tensor:
     return torch.randn(n, generator=g) * (1.0 + rank)
 
 
+def reduce_steps(core, rank: int, steps, n: int = 3001) -> list:
+    """Hands one bucket of `n` elements per step to a native hook; returns the averaged buckets."""
+    out = []
+    for step in steps:
+        bucket = grad(rank, step, n)
+        core.reduce_bucket(bucket, 0, [[n]])
+        out.append(bucket)
+    return out
+
+
 class MLP(nn.Module):
     def __init__(self, dims=(64, 128, 64, 10), bias=True):
         super().__init__()

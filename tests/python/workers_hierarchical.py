@@ -11,7 +11,7 @@ from gradcomp import _C
 from gradcomp.ddp import _node_transport
 
 import reference
-from workers_common import codec, flat, grad, train
+from workers_common import codec, flat, grad, reduce_steps, train
 
 MASK = 0xFFFFFFFF
 
@@ -103,15 +103,9 @@ def checkpoint(rank, world, local):
     refused by a hook of another topology; both DDP routes agree with node groups."""
     intra, inter = gt.node_groups(None, local)
     options = codec("q4")._options()
-    shapes = [[3001]]
 
     def run(core, steps):
-        out = []
-        for step in steps:
-            bucket = grad(rank, step, 3001)
-            core.reduce_bucket(bucket, 0, shapes)
-            out.append(bucket)
-        return out
+        return reduce_steps(core, rank, steps)
 
     full = run(_C.DdpHook(dist.group.WORLD, options, intra, inter), range(6))
     first = _C.DdpHook(dist.group.WORLD, options, intra, inter)

@@ -10,7 +10,7 @@ import gradcomp
 from gradcomp import _C
 
 import reference
-from workers_common import MLP, codec, flat, grad, train_ddp
+from workers_common import MLP, codec, flat, grad, reduce_steps, train_ddp
 
 MASK = 0xFFFFFFFF
 
@@ -48,15 +48,9 @@ def reference_equality(rank, world, codec_name, n):
 def checkpoint_resume(rank, world, codec_name):
     # The hook's own state round trip, on fixed buckets: 3 steps, save, a new hook loads the
     # state, 3 more steps; equal to 6 uninterrupted steps bit for bit.
-    shapes = [[3001]]
 
     def run(core, steps):
-        out = []
-        for step in steps:
-            bucket = grad(rank, step, 3001)
-            core.reduce_bucket(bucket, 0, shapes)
-            out.append(bucket)
-        return out
+        return reduce_steps(core, rank, steps)
 
     options = codec(codec_name)._options()
     full = run(_C.DdpHook(dist.group.WORLD, options), range(6))

@@ -1,4 +1,5 @@
-// End-of-bucket kernel: keeps the committed residuals when the bucket's result is non-finite.
+// End-of-bucket kernels: flag a gathered bucket's non-finite values, and keep the committed
+// residuals when the bucket's result is non-finite.
 #include "launchers.h"
 #include "segment_io.cuh"
 
@@ -28,7 +29,35 @@ __global__ void __launch_bounds__(kThreads) end_bucket_kernel(const EndBucketPar
   }
 }
 
+// Grid-stride over the flattened segments; any thread that sees a NaN or an infinity sets the
+// flag (every writer stores the same value).
+__global__ void __launch_bounds__(kThreads) nonfinite_scan_kernel(const NonfiniteScanParams p) {
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  bool bad = false;
+  for (int s = 0; s < p.num_segments && !bad; ++s) {
+    const Segment seg = p.segments[s];
+    for (int64_t i = tid; i < seg.numel; i += stride) {
+      if (!math::is_finite_bits(math::float_bits(math::load_as_float(seg.data, i, p.dtype)))) {
+        bad = true;
+        break;
+      }
+    }
+  }
+  if (bad) *p.nonfinite = 1u;
+}
+
 }  // namespace
+
+LaunchStatus run_nonfinite_scan(const NonfiniteScanParams& p, cudaStream_t stream) {
+  LaunchStatus s;
+  if ((s.rejected = params_problem(p)) != nullptr) return s;
+  if (p.numel == 0) return s;
+  uint64_t blocks = (static_cast<uint64_t>(p.numel) + kThreads - 1) / kThreads;
+  blocks = blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks);
+  nonfinite_scan_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  return launched(cudaGetLastError());
+}
 
 LaunchStatus run_end_bucket(const EndBucketParams& p, cudaStream_t stream) {
   LaunchStatus s;

@@ -55,6 +55,8 @@ LaunchStatus run_check_payloads(const PayloadCheckParams& p, cudaStream_t stream
 
 // Reads the flag on the device, so the host never waits to choose a bucket's residuals.
 LaunchStatus run_end_bucket(const EndBucketParams& p, cudaStream_t stream);
+// Sets *p.nonfinite when the segments (a device segment table) hold a NaN or an infinity.
+LaunchStatus run_nonfinite_scan(const NonfiniteScanParams& p, cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace gradcomp

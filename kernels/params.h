@@ -153,6 +153,17 @@ struct EndBucketParams {
   uint32_t* nonfinite_buckets = nullptr;
 };
 
+// Sets *nonfinite (as a decoder of such a value would) when the flattened segments hold a NaN or
+// an infinity: a bucket put together from other ranks' results (the hierarchical allreduce's
+// gathered shards) is then non-finite on every rank that holds it.
+struct NonfiniteScanParams {
+  const Segment* segments = nullptr;
+  int num_segments = 0;
+  uint8_t dtype = math::kDtypeF32;
+  int64_t numel = 0;  // of all segments together, from the first one's offset
+  uint32_t* nonfinite = nullptr;
+};
+
 // ---- the rules, one place each ------------------------------------------------------------
 // Each returns null when the params keep every rule its fields alone can show, or the rule they
 // break. Segment tables, payload contents and workspaces are checked by the caller that can see
@@ -245,6 +256,13 @@ inline const char* params_problem(const TopKMaskParams& p) {
   if (p.numel < 0 || p.numel > math::kTopKMaxNumel) return "element count is outside [0, 2^31)";
   if (p.capacity > static_cast<uint64_t>(p.numel)) return "capacity exceeds the element count";
   if (p.target == nullptr && p.numel > 0) return "target is null";
+  return nullptr;
+}
+
+inline const char* params_problem(const NonfiniteScanParams& p) {
+  if (!math::dtype_valid(p.dtype)) return "dtype code is not float32, float16 or bfloat16";
+  if (p.numel < 0) return "element count is negative";
+  if (p.numel > 0 && p.nonfinite == nullptr) return "no status word";
   return nullptr;
 }
 

@@ -57,6 +57,10 @@ class ProfiledBackend final : public Backend {
     GRADCOMP_PHASE("gradcomp::topk_mask");
     inner_->topk_mask(p);
   }
+  void scan_nonfinite(const NonfiniteScanParams& p) override {
+    GRADCOMP_PHASE("gradcomp::scan_nonfinite");
+    inner_->scan_nonfinite(p);
+  }
   size_t topk_workspace_bytes(int64_t numel) const override {
     return inner_->topk_workspace_bytes(numel);
   }

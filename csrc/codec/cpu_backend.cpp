@@ -45,6 +45,11 @@ class CpuBackend final : public Backend {
   void check_payloads(const PayloadCheckParams& p) override { cpu::check_payloads(p); }
   void topk_accumulate(const TopKAccumulateParams& p) override { cpu::topk_accumulate(p); }
   void topk_mask(const TopKMaskParams& p) override { cpu::topk_mask(p); }
+  void scan_nonfinite(const NonfiniteScanParams& p) override {
+    NonfiniteScanParams q = p;
+    q.nonfinite = &nonfinite_;
+    cpu::scan_nonfinite(q);
+  }
   size_t topk_workspace_bytes(int64_t numel) const override {
     return cpu::topk_workspace_bytes(numel);
   }

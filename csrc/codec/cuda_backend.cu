@@ -130,6 +130,14 @@ class CudaBackend final : public Backend {
     GRADCOMP_CUDA_CHECK(kernels::run_topk_decode(d, stream_));
     GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
+  void scan_nonfinite(const NonfiniteScanParams& p) override {
+    check_params(p, "non-finite scan");
+    NonfiniteScanParams d = p;
+    d.nonfinite = reinterpret_cast<uint32_t*>(flags_ + kNonfinite);
+    TableSlot& slot = stage_segments(d.segments, p.num_segments);
+    GRADCOMP_CUDA_CHECK(kernels::run_nonfinite_scan(d, stream_));
+    GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
+  }
   void topk_accumulate(const TopKAccumulateParams& p) override {
     check_params(p, "top-k accumulate");
     TopKAccumulateParams d = p;

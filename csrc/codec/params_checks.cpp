@@ -91,6 +91,14 @@ void check_params(const TopKMaskParams& p, const char* what) {
                                           << ", capacity " << p.capacity << ")");
 }
 
+void check_params(const NonfiniteScanParams& p, const char* what) {
+  const char* problem = params_problem(p);
+  GRADCOMP_CHECK(problem == nullptr, what << ": " << problem << " (elements " << p.numel
+                                          << ", dtype code " << int(p.dtype) << ")");
+  const int64_t first = p.num_segments > 0 && p.segments != nullptr ? p.segments[0].offset : 0;
+  check_segments(p.segments, p.num_segments, first, p.numel, what);
+}
+
 EndBucketParams end_bucket_params(const ResidualPair* pairs, int count, const char* what) {
   EndBucketParams p;
   p.num_pairs = count;

@@ -23,6 +23,7 @@ void check_params(const TopKDecodeParams& p, const char* what);
 void check_params(const PayloadCheckParams& p, const char* what);
 void check_params(const TopKAccumulateParams& p, const char* what);
 void check_params(const TopKMaskParams& p, const char* what);
+void check_params(const NonfiniteScanParams& p, const char* what);
 
 // The params of Backend::end_bucket, checked.
 EndBucketParams end_bucket_params(const ResidualPair* pairs, int count, const char* what);

@@ -399,6 +399,7 @@ void CompressedAllreduce::enqueue_allreduce(const Segment* segments, int num_seg
   }
   if (node_ == nullptr) {
     run_compressed(b, segments, num_segments, dtype);
+    end_bucket(b);
     return;
   }
   const size_t esize = dtype_size(dtype);
@@ -425,14 +426,23 @@ void CompressedAllreduce::enqueue_allreduce(const Segment* segments, int num_seg
   run_compressed(b, &shard, 1, dtype);
   if (in_place) {
     node_->all_gather(b.node_shard.get(), segments[0].data, shard_bytes);
-    return;
+  } else {
+    node_->all_gather(b.node_shard.get(), b.node_gathered.get(), shard_bytes);
+    for (int i = 0; i < num_segments; ++i) {
+      backend_.copy(segments[i].data,
+                    b.node_gathered.get() + static_cast<size_t>(segments[i].offset) * esize,
+                    static_cast<size_t>(segments[i].numel) * esize);
+    }
   }
-  node_->all_gather(b.node_shard.get(), b.node_gathered.get(), shard_bytes);
-  for (int i = 0; i < num_segments; ++i) {
-    backend_.copy(segments[i].data,
-                  b.node_gathered.get() + static_cast<size_t>(segments[i].offset) * esize,
-                  static_cast<size_t>(segments[i].numel) * esize);
-  }
+  // A non-finite shard was decoded only by the ranks that reduced it: the scan of the gathered
+  // bucket lets every rank of the node keep its residuals alike.
+  NonfiniteScanParams scan;
+  scan.segments = segments;
+  scan.num_segments = num_segments;
+  scan.dtype = static_cast<uint8_t>(dtype);
+  scan.numel = b.full_numel;
+  backend_.scan_nonfinite(scan);
+  end_bucket(b);
 }
 
 void CompressedAllreduce::run_compressed(Bucket& b, const Segment* segments, int num_segments,
@@ -445,6 +455,9 @@ void CompressedAllreduce::run_compressed(Bucket& b, const Segment* segments, int
   } else {
     run_q4_one_phase(b, segments, num_segments, dtype);
   }
+}
+
+void CompressedAllreduce::end_bucket(Bucket& b) {
   // A non-finite result (on every rank alike: all decoded the same payloads) leaves the
   // committed residuals in place; end_bucket copies them over the candidates on the device, so
   // adopting the candidates is right either way and needs no host decision.

@@ -1,6 +1,8 @@
 // The CPU backend refuses every bad-params case with its rule's message; top-k takes k = 0.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "bad_params.h"
 #include "test_util.h"
 
@@ -27,6 +29,27 @@ TEST(BackendRejects, TopKWithKZeroSelectsNothingAndKeepsEverythingAsResidual) {
   EXPECT_EQ(enc.count, 0u);
   for (int64_t i = 0; i < 500; ++i)
     ASSERT_TRUE(testing::same_bits(enc.residual[i], x.get(i) + r[i])) << i;
+}
+
+// The scan flags a NaN or an infinity in any segment and dtype, and nothing in finite values.
+TEST(BackendRejects, NonFiniteScanFlagsWhatADecoderWould) {
+  auto backend = make_cpu_backend();
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    for (float bad : {0.0f, NAN, INFINITY, -INFINITY}) {
+      HostTensor a = HostTensor::from_floats(dtype, testing::normal_floats(300, 1));
+      HostTensor b = HostTensor::from_floats(dtype, testing::normal_floats(5000, 2));
+      if (bad != 0.0f) b.set(4999, bad);
+      Segment segs[2] = {a.segment(), b.segment()};
+      segs[1].offset = 300;
+      NonfiniteScanParams p;
+      p.segments = segs;
+      p.num_segments = 2;
+      p.dtype = static_cast<uint8_t>(dtype);
+      p.numel = 5300;
+      backend->scan_nonfinite(p);
+      EXPECT_EQ(backend->take_decode_status(), bad != 0.0f) << dtype_name(dtype) << " " << bad;
+    }
+  }
 }
 
 }  // namespace

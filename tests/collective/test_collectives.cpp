@@ -432,6 +432,44 @@ TEST(Hierarchical, LayoutMismatchAcrossNodesNamesTheRanksOnEveryRank) {
   }
 }
 
+// A NaN in one rank's bucket lands in one shard; the scan of the gathered bucket makes every
+// rank of every node report it and keep its residuals, as the flat scheme does.
+TEST(Hierarchical, NonFiniteInOneShardReachesEveryRankAndKeepsEveryResidual) {
+  for (const Variant& v : variants()) {
+    testing::NodeGrid grid(2, 2);
+    std::vector<int> finite(4, -1);
+    std::vector<bool> any_nonfinite(4), state_kept(4);
+    testing::run_grid(grid, [&](int rank, NodeGroups groups) {
+      auto backend = make_cpu_backend();
+      CompressedAllreduce engine(groups, *backend, v.config);
+      for (int64_t n : {1000, 1001}) {  // in place, and through the padded buffer
+        HostTensor x = HostTensor::from_floats(DType::kFloat32, testing::normal_floats(n, rank));
+        Segment seg = x.segment();
+        ASSERT_TRUE(engine.allreduce(&seg, 1, DType::kFloat32, 3 + n));
+        const CompressionState before = engine.state();
+        engine.advance_step();
+        x = HostTensor::from_floats(DType::kFloat32, testing::normal_floats(n, 10 + rank));
+        if (rank == 3) x.set(7, std::nanf(""));  // shard 0: reduced by local rank 0 only
+        seg = x.segment();
+        const bool ok = engine.allreduce(&seg, 1, DType::kFloat32, 3 + n);
+        finite[rank] = finite[rank] == 1 || ok ? 1 : 0;
+        bool bad = false;
+        for (float f : x.floats()) bad |= !std::isfinite(f);
+        any_nonfinite[rank] = bad;
+        const CompressionState after = engine.state();
+        state_kept[rank] =
+            after.residuals == before.residuals && after.chunk_residuals == before.chunk_residuals;
+        if (!state_kept[rank]) break;
+      }
+    });
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(finite[r], 0) << v.name << " rank " << r;
+      EXPECT_TRUE(any_nonfinite[r]) << v.name << " rank " << r;
+      EXPECT_TRUE(state_kept[r]) << v.name << " rank " << r;
+    }
+  }
+}
+
 TEST(Hierarchical, CheckpointResumeIsBitIdenticalAndKeepsShardResiduals) {
   for (const Variant& v : variants()) {
     testing::NodeGrid grid(2, 2);

@@ -331,6 +331,27 @@ inline std::vector<BadParamsCase> bad_params_cases() {
          p.target = static_cast<float*>(m.workspace);
          b.topk_mask(p);
        }},
+      {"non-finite scan dtype", "dtype code",
+       [](Backend& b, M m) {
+         static Segment seg;
+         seg = Segment{m.data, 0, 10};
+         NonfiniteScanParams p;
+         p.segments = &seg;
+         p.num_segments = 1;
+         p.dtype = 9;
+         p.numel = 10;
+         b.scan_nonfinite(p);
+       }},
+      {"non-finite scan range", "outside the segments",
+       [](Backend& b, M m) {
+         static Segment seg;
+         seg = Segment{m.data, 0, 10};
+         NonfiniteScanParams p;
+         p.segments = &seg;
+         p.num_segments = 1;
+         p.numel = 11;
+         b.scan_nonfinite(p);
+       }},
   };
 }
 

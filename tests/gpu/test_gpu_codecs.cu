@@ -96,6 +96,36 @@ TEST(GpuQ4, PayloadsAndResidualsEqualTheCpuByteForByte) {
   }
 }
 
+// The device scan flags the values the CPU scan flags (the hierarchical allreduce's gathered
+// bucket), in a segment table of two dtypes' worth of sizes.
+TEST(GpuScan, NonFiniteScanFlagsWhatTheCpuScanFlags) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = cuda::make_cuda_backend();
+  auto cpu = make_cpu_backend();
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    for (float bad : {0.0f, NAN, -INFINITY}) {
+      HostTensor a = HostTensor::from_floats(dtype, testing::normal_floats(300, 1));
+      HostTensor b = HostTensor::from_floats(dtype, testing::normal_floats(70001, 2));
+      if (bad != 0.0f) b.set(70000, bad);
+      DeviceBuffer da(a.bytes.data(), a.bytes.size()), db(b.bytes.data(), b.bytes.size());
+      Segment host_segs[2] = {a.segment(), b.segment()};
+      Segment dev_segs[2] = {Segment{da.get(), 0, 300}, Segment{db.get(), 300, 70001}};
+      host_segs[1].offset = 300;
+      for (int device = 0; device < 2; ++device) {
+        NonfiniteScanParams p;
+        p.segments = device ? dev_segs : host_segs;
+        p.num_segments = 2;
+        p.dtype = static_cast<uint8_t>(dtype);
+        p.numel = 70301;
+        Backend& backend = device ? *gpu : *cpu;
+        backend.scan_nonfinite(p);
+        EXPECT_EQ(backend.take_decode_status(), bad != 0.0f)
+            << (device ? "cuda " : "cpu ") << dtype_name(dtype) << " " << bad;
+      }
+    }
+  }
+}
+
 TEST(GpuQ4, FusedPackingEqualsUnfused) {
   SKIP_WITHOUT_GPU();
   auto backend = cuda::make_cuda_backend();

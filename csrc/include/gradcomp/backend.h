@@ -38,6 +38,10 @@ class Backend {
   // factor masking after it. TopKAccumulateParams::scratch is the backend's to fill in.
   virtual void topk_accumulate(const TopKAccumulateParams& p) = 0;
   virtual void topk_mask(const TopKMaskParams& p) = 0;
+  // Flags the segments as a non-finite result when they hold a NaN or an infinity (the flag
+  // end_bucket() and take_decode_status() read). NonfiniteScanParams::nonfinite is the
+  // backend's to fill in.
+  virtual void scan_nonfinite(const NonfiniteScanParams& p) = 0;
   // The top-k workspace a bucket of numel elements needs: the memory TopKEncodeParams::workspace
   // and TopKDecodeParams::workspace point to (one buffer serves both).
   virtual size_t topk_workspace_bytes(int64_t numel) const = 0;

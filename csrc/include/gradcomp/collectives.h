@@ -157,6 +157,8 @@ class CompressedAllreduce {
   void check_layout(const Bucket& b, uint64_t bucket_id);
   // The compressed exchange of a bucket, or of this rank's shard of it, over comm_.
   void run_compressed(Bucket& b, const Segment* segments, int num_segments, DType dtype);
+  // Keeps or adopts the bucket's candidate residuals as the result's non-finite flag says.
+  void end_bucket(Bucket& b);
   // Encodes `source` (the bucket itself, or top-k's accumulated gradient) and decodes the mean
   // into `segments`.
   void run_q4_two_phase(Bucket& b, const Segment* source, int num_source, uint8_t source_dtype,

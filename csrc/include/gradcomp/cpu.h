@@ -47,6 +47,9 @@ void topk_accumulate(const TopKAccumulateParams& params);
 // Momentum factor masking: zeroes params.target at the indices of a payload this rank encoded.
 void topk_mask(const TopKMaskParams& params);
 
+// Sets *params.nonfinite when the segments hold a NaN or an infinity.
+void scan_nonfinite(const NonfiniteScanParams& params);
+
 // Checks payloads of differing element counts (header and body checksum) before any is decoded;
 // throws Error naming the first bad one's rank.
 void check_payloads(const PayloadCheckParams& params);

@@ -88,13 +88,17 @@ ShmCommunicator::ShmCommunicator(const std::string& name, int rank, int world,
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     GRADCOMP_CHECK(fd >= 0, "shared-memory group '" << name << "': cannot create it ("
                                                     << std::strerror(errno) << ")");
-    if (ftruncate(fd, static_cast<off_t>(mapped_bytes_)) != 0) {
-      const int err = errno;
+    // Reserved now, so that a full /dev/shm (a container's 64 MB default) is an error here and
+    // not a SIGBUS at the first write.
+    const int err = posix_fallocate(fd, 0, static_cast<off_t>(mapped_bytes_));
+    if (err != 0) {
       close(fd);
       shm_unlink(name.c_str());
-      GRADCOMP_CHECK(false, "shared-memory group '" << name << "': cannot size it to "
-                                                    << mapped_bytes_ << " bytes ("
-                                                    << std::strerror(err) << ")");
+      GRADCOMP_CHECK(false, "shared-memory group '"
+                                << name << "': cannot reserve " << mapped_bytes_ << " bytes ("
+                                << std::strerror(err)
+                                << "); give /dev/shm more room or use the intra-node process "
+                                   "group (node_transport='group', node_shared_memory = false)");
     }
   } else {
     // Rank 0 may not have created it yet.

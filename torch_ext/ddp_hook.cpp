@@ -72,7 +72,8 @@ EngineOptions with_world(EngineOptions o, const c10::intrusive_ptr<c10d::Process
   GRADCOMP_TORCH_CHECK(!nodes.intra_node == !nodes.inter_node,
                        "node process groups need both the intra-node and the inter-node group");
   o.world_size = group->getSize();
-  o.local_world_size = nodes.intra_node ? nodes.intra_node->getSize() : 1;
+  // Without compression the node groups go unused (the plain allreduce of all ranks).
+  o.local_world_size = nodes.intra_node && o.compress ? nodes.intra_node->getSize() : 1;
   return o;
 }
 
@@ -122,7 +123,8 @@ void DdpHook::bind(const at::Tensor& bucket) {
   }
 #endif
   NodeGroups groups;
-  if (nodes_.intra_node) {
+  // Without compression every bucket takes the plain allreduce: no node groups are used.
+  if (nodes_.intra_node && compress_) {
     if (device.is_cpu() && !shm_name_.empty()) {
       const double seconds = timeout_.count() > 0 ? timeout_.count() / 1e3 : 300.0;
       intra_comm_ = call_core([&] {

@@ -119,11 +119,14 @@ namespace {
 // hands it to the others through the node group's store (a key per GradSync made, in the same
 // order on every rank).
 std::unique_ptr<Communicator> node_shared_memory(const c10::intrusive_ptr<c10d::ProcessGroup>& node,
+                                                 int node_index,
                                                  std::chrono::milliseconds timeout) {
   static std::atomic<uint64_t> made{0};
   auto store = node->getStore();
   GRADCOMP_CHECK(store, "GradSync: the intra-node process group has no store");
-  const std::string key = "gradcomp/shm/" + std::to_string(made++);
+  // The node in the key too: groups a program made may share one store across nodes.
+  const std::string key =
+      "gradcomp/shm/" + std::to_string(node_index) + "/" + std::to_string(made++);
   std::string name;
   if (node->getRank() == 0) {
     std::random_device random;
@@ -205,10 +208,12 @@ GradSync::Impl::Impl(std::vector<at::Tensor> parameters, std::vector<std::string
                                device_.is_cuda() ? "nccl" : "gloo", timeout);
   }
   NodeGroups groups;
-  if (nodes_.intra_node) {
+  // Without compression every bucket takes the plain allreduce: no node groups are used.
+  if (nodes_.intra_node && engine_opts.compress) {
     GRADCOMP_CHECK(nodes_.inter_node, "GradSync: node_groups needs the inter-node group too");
     if (device_.is_cpu() && options_.node_shared_memory) {
-      intra_comm_ = node_shared_memory(nodes_.intra_node, options_.collective_timeout);
+      intra_comm_ = node_shared_memory(nodes_.intra_node, nodes_.inter_node->getRank(),
+                                       options_.collective_timeout);
     } else {
       intra_comm_ = std::make_unique<torch_ext::ProcessGroupCommunicator>(
           nodes_.intra_node, device_, options_.collective_timeout);

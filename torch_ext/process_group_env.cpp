@@ -1,5 +1,6 @@
 // c10d process groups for C++ programs: from torchrun's environment, and node groups split from
 // one.
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -106,12 +107,16 @@ NodeProcessGroups split_node_groups(const c10::intrusive_ptr<c10d::ProcessGroup>
   const int node = rank / local, local_rank = rank % local;
   auto store = group->getStore();
   GRADCOMP_CHECK(store, "split_node_groups: the process group has no store");
+  // Each call's groups rendezvous under keys of their own (every rank calls in the same order),
+  // so a second split never reads the first one's entries.
+  static std::atomic<uint64_t> calls{0};
+  const std::string split = "gradcomp-split-" + std::to_string(calls++) + "/";
   NodeProcessGroups groups;
   groups.intra_node = make_process_group(
-      c10::make_intrusive<c10d::PrefixStore>("gradcomp-node-" + std::to_string(node), store),
+      c10::make_intrusive<c10d::PrefixStore>(split + "node-" + std::to_string(node), store),
       local_rank, local, backend, timeout);
   groups.inter_node = make_process_group(
-      c10::make_intrusive<c10d::PrefixStore>("gradcomp-cross-" + std::to_string(local_rank), store),
+      c10::make_intrusive<c10d::PrefixStore>(split + "cross-" + std::to_string(local_rank), store),
       node, world / local, backend, timeout);
   return groups;
 }

@@ -110,7 +110,15 @@ ShmCommunicator::ShmCommunicator(const std::string& name, int rank, int world,
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     struct stat st;
-    while (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) < mapped_bytes_) {
+    for (;;) {
+      if (fstat(fd, &st) != 0) {
+        const int err = errno;
+        close(fd);
+        GRADCOMP_CHECK(false, "shared-memory group '" << name << "': rank " << rank
+                                                      << " cannot stat it (" << std::strerror(err)
+                                                      << ")");
+      }
+      if (static_cast<size_t>(st.st_size) >= mapped_bytes_) break;
       if (Clock::now() >= deadline) {
         close(fd);
         GRADCOMP_CHECK(false, "shared-memory group '" << name << "' has " << st.st_size
@@ -183,6 +191,9 @@ void ShmCommunicator::barrier(const char* what) {
     h.arrived.store(0, std::memory_order_relaxed);
     h.generation.fetch_add(1, std::memory_order_release);
     wake_all(h.generation);
+    // A peer that gave up while counted as arrived: this barrier did not really complete.
+    GRADCOMP_CHECK(h.failed.load() == 0, "shared-memory " << what << ": a peer of rank " << rank_
+                                                          << " gave up; the group is unusable");
     return;
   }
   const auto deadline = deadline_after(timeout_s_);
@@ -201,6 +212,8 @@ void ShmCommunicator::barrier(const char* what) {
     }
     wait_on(h.generation, gen);
   }
+  GRADCOMP_CHECK(h.failed.load() == 0, "shared-memory " << what << ": a peer of rank " << rank_
+                                                        << " gave up; the group is unusable");
 }
 
 void ShmCommunicator::run_all_gather(const void* send, void* recv, size_t bytes) {

@@ -124,7 +124,8 @@ void BucketEngine::bind(Communicator& comm, Backend* backend, NodeGroups groups)
                                                   << " ranks per node but bound to " << local);
   check_same_local_world(pending_.local_world_size, local);
   if (options_.compress) {
-    allreduce_ = groups.intra_node != nullptr
+    // One rank per node is the flat scheme: over `comm`, whose counters the stats read.
+    allreduce_ = local > 1
                      ? std::make_unique<CompressedAllreduce>(groups, *backend, options_.config)
                      : std::make_unique<CompressedAllreduce>(comm, *backend, options_.config);
     allreduce_->load_state(pending_.compression);
@@ -426,6 +427,10 @@ void BucketEngine::check_state(const EngineState& s) const {
   check_same_world(s.world_size, world);
   check_same_local_world(s.local_world_size, pending_.local_world_size);
   const int local = std::max(1, pending_.local_world_size);
+  GRADCOMP_CHECK(s.world_size == 0 || s.world_size % local == 0,
+                 "the gradcomp state was saved by a job of " << s.world_size << " ranks, which "
+                                                             << local
+                                                             << " ranks per node do not divide");
   const CompressionConfig& c = options_.config;
   const bool keeps_residuals = options_.compress && c.error_feedback;
   const int saved_world = s.world_size > 0 ? s.world_size : world;
@@ -458,7 +463,7 @@ void BucketEngine::check_state(const EngineState& s) const {
         numel = 0;
         for (const auto& param : layout->second.params) numel += param.second;
       }
-      if (numel < 0 || (kind.needs_world && saved_world == 0)) continue;
+      if (numel < 0 || (kind.needs_world && saved_world < local)) continue;
       // Hierarchical: a rank keeps the state of its shard, exchanged among the nodes.
       const uint64_t expect = kind.bytes(c, node_shard_numel(numel, local), saved_world / local);
       GRADCOMP_CHECK(bytes.size() == expect, "the gradcomp state's "

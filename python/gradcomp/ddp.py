@@ -97,9 +97,11 @@ def node_groups(process_group=None, local_world_size=None):
         return None, None
     ranks = dist.get_process_group_ranks(group)
     nodes = world // local_world_size
+    backend = dist.get_backend(group)  # the node groups move what the model's group moves
     intra, _ = dist.new_subgroups_by_enumeration(
-        [ranks[n * local_world_size:(n + 1) * local_world_size] for n in range(nodes)])
-    inter, _ = dist.new_subgroups_by_enumeration([ranks[l::local_world_size] for l in range(local_world_size)])
+        [ranks[n * local_world_size:(n + 1) * local_world_size] for n in range(nodes)], backend=backend)
+    inter, _ = dist.new_subgroups_by_enumeration([ranks[l::local_world_size] for l in range(local_world_size)],
+                                                 backend=backend)
     return intra, inter
 
 
@@ -180,7 +182,10 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *
         check_optimizer(optimizer, Q4() if codec is None else codec)
     options = _options(codec, timeout, _fault)
     intra, inter = node_groups(ddp_model.process_group, local_world_size)
-    native = _C.DdpHook(ddp_model.process_group, options, intra, inter, _node_transport(intra, node_transport))
+    # CUDA buckets always use the intra-node group: no shared memory to name.
+    on_cuda = any(p.is_cuda for p in ddp_model.parameters())
+    shm_name = _node_transport(intra, "group" if on_cuda and node_transport == "shm" else node_transport)
+    native = _C.DdpHook(ddp_model.process_group, options, intra, inter, shm_name)
     # Buckets are recorded by parameter position, so a restart can reduce the saved layout.
     native.set_parameters(list(ddp_model.parameters()))
     _C.install_hook(ddp_model.reducer, native)

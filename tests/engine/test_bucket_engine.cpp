@@ -337,6 +337,27 @@ TEST(BucketEngine, NodeGroupsMakeReductionsHierarchicalAndStateRecordsTheTopolog
   }
 }
 
+// Node groups of one rank per node are the flat scheme over the world communicator, counted.
+TEST(BucketEngine, NodeGroupsOfOneRankPerNodeAreTheFlatSchemeAndCounted) {
+  testing::NodeGrid grid(3, 1);
+  InProcessGroup all(3);
+  std::vector<ReductionStats> stats(3);
+  testing::run_grid(grid, [&](int rank, NodeGroups groups) {
+    auto backend = make_cpu_backend();
+    BucketEngine engine(q4_options());
+    engine.bind(all.communicator(rank), backend.get(), groups);
+    for (uint32_t step = 0; step < 2; ++step) {
+      std::vector<float> g = gradient(1000, step, rank);
+      engine.reduce(request(g, 0, 5, true));
+    }
+    stats[rank] = engine.last_step_stats();
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(stats[r].bytes_sent, compressed_allreduce_bytes_sent(q4_options().config, 1000, 3));
+    EXPECT_EQ(stats[r].inter_node_bytes, stats[r].bytes_sent);
+  }
+}
+
 TEST(BucketEngine, NodeGroupsThatDoNotPlaceTheRankAreRefused) {
   testing::NodeGrid grid(2, 2);
   InProcessGroup all(4);

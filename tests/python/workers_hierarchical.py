@@ -130,6 +130,10 @@ def checkpoint(rank, world, local):
     assert torch.isfinite(fa).all() and torch.equal(fa, fb), "routes differ with node groups"
     sa, sb = ha.stats()["total"], hb.stats()["total"]
     assert sa["bytes_sent"] == sb["bytes_sent"] and 0 < sa["inter_node_bytes"] < sa["bytes_sent"]
+    # Without compression the node groups go unused: bit-identical to DDP without a hook.
+    c, _, _ = train(rank, world, "register", "none", 3, local_world_size=local)
+    d, _, _ = train(rank, world, "ddp", None, 3)
+    assert torch.equal(flat(c), flat(d)), "NoCompression with node groups differs from DDP"
     return sa
 
 

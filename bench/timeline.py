@@ -64,10 +64,11 @@ def summarise(path):
     autograd = [e["ts"] + e["dur"] for e in ev
                 if e["name"].startswith("autograd::engine::evaluate_function") and b0 <= e["ts"] <= b1]
     compute_end = max(autograd) if autograd else b1
-    comm_names = COMM if any(e["name"] in COMM for e in ev) else None
-    comm = union([[e["ts"], e["ts"] + e["dur"]] for e in ev
-                  if (e["name"] in COMM if comm_names else
-                      (e["name"].startswith("c10d::") and "reduce" in e["name"]) or e["name"].startswith("gloo:"))])
+    def is_c10d_collective(name):
+        return (name.startswith("c10d::") and "reduce" in name) or name.startswith("gloo:")
+
+    collective = (lambda name: name in COMM) if any(e["name"] in COMM for e in ev) else is_c10d_collective
+    comm = union([[e["ts"], e["ts"] + e["dur"]] for e in ev if collective(e["name"])])
     codec = union([[e["ts"], e["ts"] + e["dur"]] for e in ev if e["name"] in CODEC])
     comm = clip(comm, f0, o1)
     codec = clip(codec, f0, o1)

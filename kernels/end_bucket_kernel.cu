@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kThreads) nonfinite_scan_kernel(const Nonfinit
   for (int s = 0; s < p.num_segments && !bad; ++s) {
     const Segment seg = p.segments[s];
     for (int64_t i = tid; i < seg.numel; i += stride) {
-      if (!math::is_finite_bits(math::float_bits(math::load_as_float(seg.data, i, p.dtype)))) {
+      if (!math::element_finite(seg.data, i, p.dtype)) {
         bad = true;
         break;
       }

@@ -5,7 +5,6 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 
 #include "profiled_backend.h"
-#include "profiled_communicator.h"
 #include "profiler_ranges.h"
 #include "tensor_params.h"
 
@@ -125,17 +124,10 @@ void DdpHook::bind(const at::Tensor& bucket) {
   NodeGroups groups;
   // Without compression every bucket takes the plain allreduce: no node groups are used.
   if (nodes_.intra_node && compress_) {
-    if (device.is_cpu() && !shm_name_.empty()) {
-      const double seconds = timeout_.count() > 0 ? timeout_.count() / 1e3 : 300.0;
-      intra_comm_ = call_core([&] {
-        return std::make_unique<ProfiledCommunicator>(std::make_unique<ShmCommunicator>(
-            shm_name_, nodes_.intra_node->getRank(), nodes_.intra_node->getSize(), seconds));
-      });
-    } else {
-      intra_comm_ = std::make_unique<ProcessGroupCommunicator>(nodes_.intra_node, device, timeout_);
-    }
-    inter_comm_ = std::make_unique<ProcessGroupCommunicator>(nodes_.inter_node, device, timeout_);
-    groups = {intra_comm_.get(), inter_comm_.get()};
+    node_comms_ = call_core([&] {
+      return node_communicators(nodes_.intra_node, nodes_.inter_node, device, timeout_, shm_name_);
+    });
+    groups = node_comms_.groups();
   }
   call_core([&] { engine_.bind(*transport, backend_.get(), groups); });
   device_ = device;

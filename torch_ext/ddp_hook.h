@@ -73,8 +73,7 @@ class DdpHook {
   // On the CPU the node's ranks exchange through shared memory of this name (empty: through the
   // intra-node process group).
   std::string shm_name_;
-  std::unique_ptr<Communicator> intra_comm_;
-  std::unique_ptr<ProcessGroupCommunicator> inter_comm_;
+  NodeCommunicators node_comms_;
   std::unique_ptr<Backend> backend_;  // this hook's own, so no other caller shares its flags
   // Its own lock: DDP looks parameters up on the autograd thread while the worker reduces.
   mutable std::mutex params_mu_;

@@ -18,7 +18,6 @@
 #include "gradcomp/torch.h"
 #include "process_group_communicator.h"
 #include "profiled_backend.h"
-#include "profiled_communicator.h"
 #include "tensor_params.h"
 
 #if defined(GRADCOMP_HAVE_CUDA)
@@ -107,8 +106,7 @@ struct GradSync::Impl {
 #endif
   std::unique_ptr<torch_ext::ProcessGroupCommunicator> comm_;
   NodeProcessGroups nodes_;
-  std::unique_ptr<Communicator> intra_comm_;
-  std::unique_ptr<torch_ext::ProcessGroupCommunicator> inter_comm_;
+  torch_ext::NodeCommunicators node_comms_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<BucketEngine> engine_;  // last: destroyed first
 };
@@ -118,9 +116,8 @@ namespace {
 // The node's ranks exchange through shared memory: local rank 0 draws the segment's name and
 // hands it to the others through the node group's store (a key per GradSync made, in the same
 // order on every rank).
-std::unique_ptr<Communicator> node_shared_memory(const c10::intrusive_ptr<c10d::ProcessGroup>& node,
-                                                 int node_index,
-                                                 std::chrono::milliseconds timeout) {
+std::string node_shared_memory_name(const c10::intrusive_ptr<c10d::ProcessGroup>& node,
+                                    int node_index) {
   static std::atomic<uint64_t> made{0};
   auto store = node->getStore();
   GRADCOMP_CHECK(store, "GradSync: the intra-node process group has no store");
@@ -137,9 +134,7 @@ std::unique_ptr<Communicator> node_shared_memory(const c10::intrusive_ptr<c10d::
     const std::vector<uint8_t> got = store->get(key);
     name.assign(got.begin(), got.end());
   }
-  const double seconds = timeout.count() > 0 ? timeout.count() / 1e3 : 300.0;
-  return std::make_unique<torch_ext::ProfiledCommunicator>(
-      std::make_unique<ShmCommunicator>(name, node->getRank(), node->getSize(), seconds));
+  return name;
 }
 
 }  // namespace
@@ -211,16 +206,13 @@ GradSync::Impl::Impl(std::vector<at::Tensor> parameters, std::vector<std::string
   // Without compression every bucket takes the plain allreduce: no node groups are used.
   if (nodes_.intra_node && engine_opts.compress) {
     GRADCOMP_CHECK(nodes_.inter_node, "GradSync: node_groups needs the inter-node group too");
-    if (device_.is_cpu() && options_.node_shared_memory) {
-      intra_comm_ = node_shared_memory(nodes_.intra_node, nodes_.inter_node->getRank(),
-                                       options_.collective_timeout);
-    } else {
-      intra_comm_ = std::make_unique<torch_ext::ProcessGroupCommunicator>(
-          nodes_.intra_node, device_, options_.collective_timeout);
-    }
-    inter_comm_ = std::make_unique<torch_ext::ProcessGroupCommunicator>(
-        nodes_.inter_node, device_, options_.collective_timeout);
-    groups = {intra_comm_.get(), inter_comm_.get()};
+    const std::string shm_name =
+        device_.is_cpu() && options_.node_shared_memory
+            ? node_shared_memory_name(nodes_.intra_node, nodes_.inter_node->getRank())
+            : std::string();
+    node_comms_ = torch_ext::node_communicators(nodes_.intra_node, nodes_.inter_node, device_,
+                                                options_.collective_timeout, shm_name);
+    groups = node_comms_.groups();
     engine_opts.local_world_size = nodes_.intra_node->getSize();
   }
   engine_ = std::make_unique<BucketEngine>(std::move(engine_opts));

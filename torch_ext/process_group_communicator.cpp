@@ -1,6 +1,8 @@
 // c10d collectives behind the core's Communicator, each a named profiler phase.
 #include "process_group_communicator.h"
 
+#include "gradcomp/shm_communicator.h"
+#include "profiled_communicator.h"
 #include "profiler_ranges.h"
 #include "tensor_params.h"
 
@@ -52,6 +54,24 @@ void ProcessGroupCommunicator::run_reduce_scatter_mean(const void* send, void* r
   at::Tensor out = wrap(recv, numel_per_rank, type);
   at::Tensor scaled = in.mul(1.0 / static_cast<double>(world_size()));
   wait(group_->reduce_scatter_single(out, scaled));
+}
+
+NodeCommunicators node_communicators(const c10::intrusive_ptr<c10d::ProcessGroup>& intra_node,
+                                     const c10::intrusive_ptr<c10d::ProcessGroup>& inter_node,
+                                     at::Device device, std::chrono::milliseconds timeout,
+                                     const std::string& shm_name) {
+  GRADCOMP_CHECK(intra_node && inter_node,
+                 "node process groups need both the intra-node and the inter-node group");
+  NodeCommunicators c;
+  if (device.is_cpu() && !shm_name.empty()) {
+    const double seconds = timeout.count() > 0 ? timeout.count() / 1e3 : 300.0;
+    c.intra_node = std::make_unique<ProfiledCommunicator>(std::make_unique<ShmCommunicator>(
+        shm_name, intra_node->getRank(), intra_node->getSize(), seconds));
+  } else {
+    c.intra_node = std::make_unique<ProcessGroupCommunicator>(intra_node, device, timeout);
+  }
+  c.inter_node = std::make_unique<ProcessGroupCommunicator>(inter_node, device, timeout);
+  return c;
 }
 
 }  // namespace torch_ext

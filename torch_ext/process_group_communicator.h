@@ -4,8 +4,11 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <memory>
+#include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "gradcomp/collectives.h"
 #include "gradcomp/communicator.h"
 
 namespace gradcomp {
@@ -41,6 +44,19 @@ class ProcessGroupCommunicator final : public Communicator {
   at::Device device_;
   std::chrono::milliseconds timeout_;
 };
+
+// The communicators of a hierarchical reduction over node process groups, for both front ends:
+// inside the node shared memory named `shm_name` for CPU tensors (when not empty), else the
+// intra-node group; across nodes the inter-node group.
+struct NodeCommunicators {
+  std::unique_ptr<Communicator> intra_node;
+  std::unique_ptr<ProcessGroupCommunicator> inter_node;
+  NodeGroups groups() const { return {intra_node.get(), inter_node.get()}; }
+};
+NodeCommunicators node_communicators(const c10::intrusive_ptr<c10d::ProcessGroup>& intra_node,
+                                     const c10::intrusive_ptr<c10d::ProcessGroup>& inter_node,
+                                     at::Device device, std::chrono::milliseconds timeout,
+                                     const std::string& shm_name);
 
 }  // namespace torch_ext
 }  // namespace gradcomp

@@ -97,6 +97,10 @@ void check_params(const NonfiniteScanParams& p, const char* what) {
                                           << ", dtype code " << int(p.dtype) << ")");
   const int64_t first = p.num_segments > 0 && p.segments != nullptr ? p.segments[0].offset : 0;
   check_segments(p.segments, p.num_segments, first, p.numel, what);
+  int64_t total = 0;
+  for (int i = 0; i < p.num_segments; ++i) total += p.segments[i].numel;
+  GRADCOMP_CHECK(total == p.numel, what << ": the segments hold " << total
+                                        << " elements, the params say " << p.numel);
 }
 
 EndBucketParams end_bucket_params(const ResidualPair* pairs, int count, const char* what) {

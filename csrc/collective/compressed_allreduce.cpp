@@ -341,7 +341,6 @@ void CompressedAllreduce::check_layout(const Bucket& b, uint64_t bucket_id) {
     int32_t first_rank = -1, other_rank = -1;  // other_rank < 0: no mismatch found yet
   };
   Report report{};
-  report.first_rank = report.other_rank = -1;
   report.mine = mine;
   const int local = local_world_size();
   const int node = comm_.rank(), local_rank = global_rank_ - node * local;
@@ -409,12 +408,12 @@ void CompressedAllreduce::enqueue_allreduce(const Segment* segments, int num_seg
   const int local = local_world_size();
   const bool in_place =
       num_segments == 1 && segments[0].offset == 0 && b.numel * local == b.full_numel;
-  if (!in_place && b.node_send.get() == nullptr) {
-    b.node_send = Buffer(backend_, shard_bytes * local);
-    backend_.fill_zero(b.node_send.get(), shard_bytes * local);  // the padding stays zero
-    b.node_gathered = Buffer(backend_, shard_bytes * local);
-  }
   if (!in_place) {
+    if (b.node_send.get() == nullptr) {
+      b.node_send = Buffer(backend_, shard_bytes * local);
+      backend_.fill_zero(b.node_send.get(), shard_bytes * local);  // the padding stays zero
+      b.node_gathered = Buffer(backend_, shard_bytes * local);
+    }
     for (int i = 0; i < num_segments; ++i) {
       backend_.copy(b.node_send.get() + static_cast<size_t>(segments[i].offset) * esize,
                     segments[i].data, static_cast<size_t>(segments[i].numel) * esize);

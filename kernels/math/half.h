@@ -73,6 +73,19 @@ GRADCOMP_HD float load_as_float(const void* base, int64_t i, uint8_t dtype) {
   return dtype == kDtypeF16 ? half_to_float(v) : bf16_to_float(v);
 }
 
+// The exponent bits that are all set exactly in a NaN or an infinity of the dtype: a value is
+// non-finite when (bits & mask) == mask, read as its own width (no conversion needed).
+GRADCOMP_HD uint32_t nonfinite_exponent(uint8_t dtype) {
+  return dtype == kDtypeF32 ? 0x7F800000u : (dtype == kDtypeF16 ? 0x7C00u : 0x7F80u);
+}
+
+GRADCOMP_HD bool element_finite(const void* base, int64_t i, uint8_t dtype) {
+  const uint32_t mask = nonfinite_exponent(dtype);
+  const uint32_t bits = dtype == kDtypeF32 ? static_cast<const uint32_t*>(base)[i]
+                                           : static_cast<const uint16_t*>(base)[i];
+  return (bits & mask) != mask;
+}
+
 GRADCOMP_HD void store_from_float(void* base, int64_t i, uint8_t dtype, float v) {
   if (dtype == kDtypeF32) {
     static_cast<float*>(base)[i] = v;

@@ -196,6 +196,18 @@ RoundTrip checkpoint_round_trip(const Make& make, int rank, int64_t n) {
   return r;
 }
 
+// Every one of `world` ranks raised a layout mismatch naming rank `odd`'s 1064-element bucket.
+void expect_layout_mismatch_on_every_rank(const std::vector<std::string>& errors, size_t world,
+                                          int odd) {
+  ASSERT_EQ(errors.size(), world);
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("layout mismatch"), std::string::npos) << e;
+    EXPECT_NE(e.find("rank " + std::to_string(odd) + " has bucket 0 with 1064 elements"),
+              std::string::npos)
+        << e;
+  }
+}
+
 // Every rank's fp32 bucket of n elements at `step`.
 std::vector<HostTensor> step_inputs(int world, int64_t n, uint32_t step) {
   std::vector<HostTensor> inputs;
@@ -422,13 +434,7 @@ TEST(Hierarchical, LayoutMismatchAcrossNodesNamesTheRanksOnEveryRank) {
         },
         &errors);
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
-    ASSERT_EQ(errors.size(), 4u);
-    for (auto& e : errors) {
-      EXPECT_NE(e.find("layout mismatch"), std::string::npos) << e;
-      EXPECT_NE(e.find("rank " + std::to_string(odd) + " has bucket 0 with 1064 elements"),
-                std::string::npos)
-          << e;
-    }
+    expect_layout_mismatch_on_every_rank(errors, 4, odd);
   }
 }
 
@@ -519,11 +525,7 @@ TEST(Collectives, LayoutMismatchNamesTheRanksInsteadOfHanging) {
       },
       &errors);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
-  ASSERT_EQ(errors.size(), 3u);
-  for (auto& e : errors) {
-    EXPECT_NE(e.find("layout mismatch"), std::string::npos) << e;
-    EXPECT_NE(e.find("rank 2 has bucket 0 with 1064 elements"), std::string::npos) << e;
-  }
+  expect_layout_mismatch_on_every_rank(errors, 3, 2);
 }
 
 TEST(Collectives, NonFiniteOnOneRankReachesEveryRankAndKeepsResiduals) {

@@ -28,6 +28,19 @@ struct BadParamsCase {
   std::function<void(Backend&, const BadParamsMemory&)> call;
 };
 
+// A scan of one 10-element segment of the case memory with the given dtype and count. The
+// segment table lives in static storage: the params outlive this call.
+inline NonfiniteScanParams scan_params(const BadParamsMemory& m, uint8_t dtype, int64_t numel) {
+  static Segment seg;
+  seg = Segment{m.data, 0, 10};
+  NonfiniteScanParams p;
+  p.segments = &seg;
+  p.num_segments = 1;
+  p.dtype = dtype;
+  p.numel = numel;
+  return p;
+}
+
 inline uint64_t bad_params_payload_bytes() {
   return q4_payload_bytes(kBadParamsNumel, 16);
 }
@@ -332,26 +345,11 @@ inline std::vector<BadParamsCase> bad_params_cases() {
          b.topk_mask(p);
        }},
       {"non-finite scan dtype", "dtype code",
-       [](Backend& b, M m) {
-         static Segment seg;
-         seg = Segment{m.data, 0, 10};
-         NonfiniteScanParams p;
-         p.segments = &seg;
-         p.num_segments = 1;
-         p.dtype = 9;
-         p.numel = 10;
-         b.scan_nonfinite(p);
-       }},
+       [](Backend& b, M m) { b.scan_nonfinite(scan_params(m, 9, 10)); }},
       {"non-finite scan range", "outside the segments",
-       [](Backend& b, M m) {
-         static Segment seg;
-         seg = Segment{m.data, 0, 10};
-         NonfiniteScanParams p;
-         p.segments = &seg;
-         p.num_segments = 1;
-         p.numel = 11;
-         b.scan_nonfinite(p);
-       }},
+       [](Backend& b, M m) { b.scan_nonfinite(scan_params(m, math::kDtypeF32, 11)); }},
+      {"non-finite scan short count", "the segments hold 10 elements",
+       [](Backend& b, M m) { b.scan_nonfinite(scan_params(m, math::kDtypeF32, 9)); }},
   };
 }
 

@@ -25,7 +25,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NETNS = "gradcomp-bench"
-PYTHON_METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4", "gradcomp-topk")
+PYTHON_METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4", "gradcomp-q4-1piece",
+                  "gradcomp-topk")
 CPP_METHODS = ("cpp-allreduce", "cpp-gradsync-q4")
 METHODS = PYTHON_METHODS + CPP_METHODS
 CPP_BIN = os.path.join(HERE, "..", "build", "example-cpp", "throughput")

@@ -1,9 +1,6 @@
 // The DDP hook's adapter: DDP buckets to engine requests, futures, the CUDA compression stream.
 #include "ddp_hook.h"
 
-#include <ATen/record_function.h>
-#include <c10/util/ThreadLocalDebugInfo.h>
-
 #include "profiled_backend.h"
 #include "profiler_ranges.h"
 #include "tensor_params.h"
@@ -16,44 +13,16 @@
 
 namespace gradcomp {
 namespace torch_ext {
-namespace {
-
-// Sets a thread's profiler state for a scope and puts back what it had.
-class ProfilerContext {
- public:
-  ProfilerContext(const at::RecordFunctionTLS& tls, std::shared_ptr<c10::ThreadLocalDebugInfo> info)
-      : saved_tls_(at::get_record_function_tls_()),
-        saved_info_(c10::ThreadLocalDebugInfo::current()) {
-    at::set_record_function_tls_(tls);
-    c10::ThreadLocalDebugInfo::_forceCurrentDebugInfo(std::move(info));
-  }
-  ~ProfilerContext() {
-    at::set_record_function_tls_(saved_tls_);
-    c10::ThreadLocalDebugInfo::_forceCurrentDebugInfo(std::move(saved_info_));
-  }
-  ProfilerContext(const ProfilerContext&) = delete;
-  ProfilerContext& operator=(const ProfilerContext&) = delete;
-
- private:
-  at::RecordFunctionTLS saved_tls_;
-  std::shared_ptr<c10::ThreadLocalDebugInfo> saved_info_;
-};
-
-}  // namespace
 
 EngineOptions ddp_engine_options(const CodecSpec& codec) {
   EngineOptions o = call_core([&] { return engine_options(codec); });
-  // Work done on the worker shows in the profiler of the thread that queued it. Only the
-  // record-function state and debug info travel: the full ThreadLocalState also carries
-  // Python-object state whose copies need the GIL.
-  o.wrap_task = [](std::function<void()> task) -> std::function<void()> {
-    return [task = std::move(task), tls = at::get_record_function_tls_(),
-            info = c10::ThreadLocalDebugInfo::current()] {
-      ProfilerContext context(tls, info);
+  o.wrap_task = [](std::function<void()> task) {
+    return with_profiler_context([task = std::move(task)] {
       GRADCOMP_PHASE("gradcomp::hook_bucket");
       task();
-    };
+    });
   };
+  o.carry_context = &with_profiler_context;
   return o;
 }
 

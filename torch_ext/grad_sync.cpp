@@ -194,6 +194,7 @@ GradSync::Impl::Impl(std::vector<at::Tensor> parameters, std::vector<std::string
       task();
     };
   };
+  engine_opts.carry_context = &torch_ext::with_profiler_context;
   nodes_ = options_.node_groups;
   if (!nodes_.intra_node && options_.local_world_size != 1) {
     const auto timeout = options_.collective_timeout.count() > 0

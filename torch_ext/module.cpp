@@ -35,6 +35,7 @@ CodecSpec parse_codec(const py::dict& d) {
     q4.error_feedback = d["error_feedback"].cast<bool>();
     q4.residual_dtype = parse_dtype(d["residual_dtype"].cast<std::string>(), "residual_dtype");
     q4.seed = d["seed"].cast<uint64_t>();
+    q4.piece_numel = d["piece_numel"].cast<int64_t>();
     return q4;
   }
   if (codec == "topk") {
@@ -238,6 +239,7 @@ PYBIND11_MODULE(_C, m) {
   for (uint32_t b = 1; b <= gradcomp::math::kQ4MaxBlock; ++b)
     if (gradcomp::math::q4_block_size_valid(b)) block_sizes.push_back(static_cast<int>(b));
   m.attr("q4_block_sizes") = py::tuple(py::cast(block_sizes));
+  m.attr("q4_default_piece_numel") = gradcomp::CompressionConfig::kDefaultPieceNumel;
   m.attr("with_cuda") =
 #if defined(GRADCOMP_HAVE_CUDA)
       true;

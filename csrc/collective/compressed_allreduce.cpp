@@ -8,6 +8,7 @@
 
 #include "backend_buffer.h"
 #include "codec_params.h"
+#include "collective_queue.h"
 #include "gradcomp/collectives.h"
 #include "gradcomp/format.h"
 
@@ -40,10 +41,12 @@ struct LayoutFingerprint {
   uint8_t algorithm;
   uint8_t residual_dtype;
   uint32_t param;  // q4 block size, top-k capacity
-  uint32_t error_feedback;
+  uint8_t error_feedback;
+  uint8_t momentum_masking;
+  uint16_t unused;
   uint32_t warmup_steps, warmup_stages;  // top-k remedies
   uint32_t momentum_bits, clip_bits;
-  uint32_t momentum_masking;
+  uint32_t piece;                      // two-phase q4: elements of a chunk per piece
   uint32_t warmup_kind, warmup_block;  // top-k's warm-up and its q4 block size
   uint32_t local_world;                // ranks per node (1: flat)
   bool operator==(const LayoutFingerprint& o) const { return std::memcmp(this, &o, sizeof o) == 0; }
@@ -89,6 +92,9 @@ void CompressionConfig::validate() const {
   remedies.validate();
   GRADCOMP_CHECK(residual_dtype == DType::kFloat32 || residual_dtype == DType::kBFloat16,
                  "residual dtype must be float32 or bfloat16, got " << dtype_name(residual_dtype));
+  GRADCOMP_CHECK(
+      piece_numel >= 0 && piece_numel <= (int64_t{1} << 31),
+      "piece_numel must be in [0, 2^31] (0: a bucket in one piece), got " << piece_numel);
   GRADCOMP_CHECK(remedies.momentum == 0.0f || error_feedback,
                  "TopK momentum correction needs error_feedback: the velocity's unsent part is "
                  "what error feedback accumulates");
@@ -117,8 +123,25 @@ uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_
   if (config.codec == Codec::kQ4 && config.q4_algorithm == Q4Algorithm::kOnePhase) {
     return others * q4_payload_bytes(numel, config.q4.block_size);
   }
-  const int64_t chunk = q4_chunk_size(numel, world, config.q4.block_size);
-  return 2 * others * q4_payload_bytes(chunk, config.q4.block_size);
+  // Each piece is one all-to-all and one allgather of a payload per rank.
+  return 2 * others * static_cast<uint64_t>(q4_pieces(config, numel, world)) *
+         q4_payload_bytes(q4_piece_size(config, numel, world), config.q4.block_size);
+}
+
+int64_t q4_piece_size(const CompressionConfig& config, int64_t numel, int world) {
+  const int block = config.q4.block_size;
+  const int64_t chunk = q4_chunk_size(numel, world, block);
+  if (config.piece_numel <= 0) return chunk;
+  // Equal pieces of whole blocks: every piece's slot is sent whole, so a short last piece
+  // would send padding.
+  const int64_t target = div_up(div_up(config.piece_numel, world), block) * block;
+  const int64_t pieces = div_up(chunk, target);
+  return div_up(div_up(chunk, pieces), block) * block;
+}
+
+int q4_pieces(const CompressionConfig& config, int64_t numel, int world) {
+  return static_cast<int>(div_up(q4_chunk_size(numel, world, config.q4.block_size),
+                                 q4_piece_size(config, numel, world)));
 }
 
 int64_t node_shard_numel(int64_t numel, int local_world) {
@@ -168,8 +191,10 @@ struct CompressedAllreduce::Bucket {
   detail::BackendBuffer staged;             // top-k clipping without momentum: the clipped g
   detail::BackendBuffer send, recv, work, gathered, workspace;
   uint64_t slot_bytes = 0;     // one-phase q4 and top-k payloads
-  uint64_t q4_slot_bytes = 0;  // two-phase q4 chunk payloads
+  uint64_t q4_slot_bytes = 0;  // two-phase q4: the payload of one piece of a chunk
   int64_t chunk = 0;
+  int64_t piece = 0;  // two-phase q4: elements of a chunk per piece, and the pieces of a chunk
+  int pieces = 1;
   // Hierarchical: this rank's shard and, for buckets not exchanged in place, the bucket gathered
   // from its segments (zero-padded to L shards) and every local rank's reduced shard.
   detail::BackendBuffer node_send, node_shard, node_gathered;
@@ -251,10 +276,13 @@ CompressedAllreduce::Bucket& CompressedAllreduce::bucket_for(const Segment* segm
                              : topk_sends_q4_at(config_, step_);
   if (two_phase) {
     b->chunk = q4_chunk_size(numel, world, config_.q4.block_size);
-    b->q4_slot_bytes = q4_payload_bytes(b->chunk, config_.q4.block_size);
-    send_bytes = gathered_slot = b->q4_slot_bytes;
+    b->piece = q4_piece_size(config_, numel, world);
+    b->pieces = q4_pieces(config_, numel, world);
+    b->q4_slot_bytes = q4_payload_bytes(b->piece, config_.q4.block_size);
+    // Piece p's payloads to (or from) every rank lie at slots [p * world, (p + 1) * world).
+    send_bytes = gathered_slot = b->q4_slot_bytes * b->pieces;
     send_bytes *= world;
-    b->recv = Buffer(backend_, b->q4_slot_bytes * world);
+    b->recv = Buffer(backend_, send_bytes);
     b->work = Buffer(backend_, static_cast<size_t>(b->chunk) * 4);
     if (config_.error_feedback) {
       for (auto& r : b->chunk_residual) {
@@ -322,6 +350,7 @@ void CompressedAllreduce::check_layout(const Bucket& b, uint64_t bucket_id) {
                    ? static_cast<uint32_t>(config_.q4.block_size)
                    : static_cast<uint32_t>(topk_capacity(b.full_numel, config_.topk));
   mine.error_feedback = config_.error_feedback ? 1 : 0;
+  if (b.q4_slot_bytes > 0) mine.piece = static_cast<uint32_t>(config_.piece_numel);
   if (config_.codec == Codec::kTopK) {
     const TopKRemedies& r = config_.remedies;
     mine.warmup_steps = r.warmup_steps;
@@ -349,7 +378,7 @@ void CompressedAllreduce::check_layout(const Bucket& b, uint64_t bucket_id) {
     std::vector<Report> all(world);
     Buffer send(backend_, sizeof report), recv(backend_, sizeof report * world);
     backend_.copy_from_host(send.get(), &report, sizeof report);
-    group.all_gather(send.get(), recv.get(), sizeof report);
+    blocking([&] { group.all_gather(send.get(), recv.get(), sizeof report); });
     backend_.copy_to_host(all.data(), recv.get(), sizeof report * world);
     for (int w = 0; w < world && report.other_rank < 0; ++w) {
       if (all[w].other_rank < 0) continue;
@@ -373,7 +402,9 @@ void CompressedAllreduce::check_layout(const Bucket& b, uint64_t bucket_id) {
     std::ostringstream o;
     o << "rank " << rank << " has bucket " << f.bucket_id << " with " << f.numel
       << " elements (dtype " << int(f.dtype) << ", codec " << int(f.codec) << ", param " << f.param
-      << ", " << f.local_world << " ranks per node)";
+      << ", " << f.local_world << " ranks per node";
+    if (f.piece != 0) o << ", pieces of " << f.piece << " elements";
+    o << ")";
     return o.str();
   };
   GRADCOMP_CHECK(false, "layout mismatch at the first compressed step: "
@@ -419,14 +450,16 @@ void CompressedAllreduce::enqueue_allreduce(const Segment* segments, int num_seg
                     segments[i].data, static_cast<size_t>(segments[i].numel) * esize);
     }
   }
-  node_->reduce_scatter_mean(in_place ? segments[0].data : b.node_send.get(), b.node_shard.get(),
-                             b.numel, dtype);
+  blocking([&] {
+    node_->reduce_scatter_mean(in_place ? segments[0].data : b.node_send.get(), b.node_shard.get(),
+                               b.numel, dtype);
+  });
   const Segment shard{b.node_shard.get(), 0, b.numel};
   run_compressed(b, &shard, 1, dtype);
   if (in_place) {
-    node_->all_gather(b.node_shard.get(), segments[0].data, shard_bytes);
+    blocking([&] { node_->all_gather(b.node_shard.get(), segments[0].data, shard_bytes); });
   } else {
-    node_->all_gather(b.node_shard.get(), b.node_gathered.get(), shard_bytes);
+    blocking([&] { node_->all_gather(b.node_shard.get(), b.node_gathered.get(), shard_bytes); });
     for (int i = 0; i < num_segments; ++i) {
       backend_.copy(segments[i].data,
                     b.node_gathered.get() + static_cast<size_t>(segments[i].offset) * esize,
@@ -499,46 +532,123 @@ void CompressedAllreduce::run_q4_two_phase(Bucket& b, const Segment* source, int
   const int rank = comm_.rank();
   const uint8_t code = static_cast<uint8_t>(dtype);
   const uint64_t slot_bytes = b.q4_slot_bytes;
-  for (int c = 0; c < world; ++c) {
-    Q4EncodeParams e = q4_encode_params(source, num_source, source_dtype, c * b.chunk,
-                                        chunk_numel(b.numel, b.chunk, c), config_.q4, rng(b, 0),
-                                        b.send.get() + slot_bytes * c);
-    set_residuals(e, b.residual, b, e.begin);
-    backend_.q4_encode(e);
-  }
-  comm_.all_to_all(b.send.get(), b.recv.get(), slot_bytes);
+  const int pieces = b.pieces;
+  // Piece p of rank c's chunk: elements [c * chunk + p * piece, ...) of the bucket.
+  auto piece_begin = [&](int c, int p) { return c * b.chunk + p * b.piece; };
+  auto piece_numel = [&](int c, int p) {
+    return std::max<int64_t>(0, std::min(b.piece, chunk_numel(b.numel, b.chunk, c) - p * b.piece));
+  };
+  auto slot = [&](Buffer& buffer, int p, int c) {
+    return buffer.get() + slot_bytes * (static_cast<uint64_t>(p) * world + c);
+  };
+  detail::CollectiveQueue& queue = collectives_for(b);
+  // Whatever stops this bucket, the collectives posted so far finish before their buffers can
+  // be used again.
+  struct Drain {
+    detail::CollectiveQueue& queue;
+    ~Drain() { queue.drain(); }
+  } drain{queue};
+  std::vector<uint64_t> scattered(pieces), gathered(pieces);
 
-  // Sum my chunk from every rank in fp32, then re-encode it with my own chunk residual. A
-  // non-finite chunk sum re-encodes to NaN scales, so the final decode flags it on every rank.
-  const int64_t mine = chunk_numel(b.numel, b.chunk, rank);
-  const std::vector<const uint8_t*> from = slots(b.recv, slot_bytes, world);
+  auto scatter = [&](int p) {
+    for (int c = 0; c < world; ++c) {
+      Q4EncodeParams e =
+          q4_encode_params(source, num_source, source_dtype, piece_begin(c, p), piece_numel(c, p),
+                           config_.q4, rng(b, 0), slot(b.send, p, c));
+      set_residuals(e, b.residual, b, e.begin);
+      backend_.q4_encode(e);
+    }
+    uint8_t* send = slot(b.send, p, 0);
+    uint8_t* recv = slot(b.recv, p, 0);
+    scattered[p] =
+        queue.post([this, send, recv, slot_bytes] { comm_.all_to_all(send, recv, slot_bytes); });
+  };
+  // Sum my piece from every rank in fp32, then re-encode it with my own chunk residual (into the
+  // piece's send slots, free once its all-to-all is done). A non-finite sum re-encodes to NaN
+  // scales, so the final decode flags it on every rank.
   Segment work{b.work.get(), rank * b.chunk, b.chunk};
-  backend_.q4_decode(q4_decode_params(from.data(), world, slot_bytes, mine, config_.q4, &work, 1,
-                                      math::kDtypeF32, rank * b.chunk, 1.0f));
-  Q4EncodeParams e = q4_encode_params(&work, 1, math::kDtypeF32, rank * b.chunk, mine, config_.q4,
-                                      rng(b, 1), b.send.get());
-  set_residuals(e, b.chunk_residual, b, 0);
-  backend_.q4_encode(e);
-  comm_.all_gather(b.send.get(), b.gathered.get(), slot_bytes);
-
-  // Every rank's chunk is checked before any is decoded, so a bad one leaves the bucket as it was.
-  const std::vector<const uint8_t*> chunks = slots(b.gathered, slot_bytes, world);
-  std::vector<int64_t> chunk_sizes(world);
-  for (int w = 0; w < world; ++w) chunk_sizes[w] = chunk_numel(b.numel, b.chunk, w);
-  PayloadCheckParams check;
-  check.payloads = chunks.data();
-  check.num_payloads = world;
-  check.payload_bytes = slot_bytes;
-  check.numel = chunk_sizes.data();
-  check.codec = format::kCodecQ4;
-  check.param = static_cast<uint32_t>(config_.q4.block_size);
-  backend_.check_payloads(check);
-  for (int w = 0; w < world; ++w) {
-    const uint8_t* p = chunks[w];
-    backend_.q4_decode(q4_decode_params(&p, 1, slot_bytes, chunk_numel(b.numel, b.chunk, w),
-                                        config_.q4, segments, num_segments, code, w * b.chunk,
-                                        static_cast<float>(world)));
+  auto gather = [&](int p) {
+    queue.wait(scattered[p]);
+    const int64_t mine = piece_numel(rank, p);
+    std::vector<const uint8_t*> from(world);
+    for (int w = 0; w < world; ++w) from[w] = slot(b.recv, p, w);
+    backend_.q4_decode(q4_decode_params(from.data(), world, slot_bytes, mine, config_.q4, &work, 1,
+                                        math::kDtypeF32, piece_begin(rank, p), 1.0f));
+    uint8_t* send = slot(b.send, p, 0);
+    Q4EncodeParams e = q4_encode_params(&work, 1, math::kDtypeF32, piece_begin(rank, p), mine,
+                                        config_.q4, rng(b, 1), send);
+    set_residuals(e, b.chunk_residual, b, p * b.piece);
+    backend_.q4_encode(e);
+    uint8_t* into = slot(b.gathered, p, 0);
+    gathered[p] =
+        queue.post([this, send, into, slot_bytes] { comm_.all_gather(send, into, slot_bytes); });
+  };
+  // Every rank posts the same order: all-to-all 0, then all-to-all p + 1 before allgather p.
+  scatter(0);
+  for (int p = 1; p < pieces; ++p) {
+    scatter(p);
+    gather(p - 1);
   }
+  gather(pieces - 1);
+  for (int p = 0; p < pieces; ++p) queue.wait(gathered[p]);
+
+  // Every payload is checked before any is decoded, so a bad one leaves the bucket as it was
+  // (and the bucket is still the input of the encodes above until the last of them).
+  std::vector<const uint8_t*> payloads(static_cast<size_t>(pieces) * world);
+  std::vector<int64_t> sizes(payloads.size());
+  for (int p = 0; p < pieces; ++p) {
+    for (int w = 0; w < world; ++w) {
+      payloads[p * world + w] = slot(b.gathered, p, w);
+      sizes[p * world + w] = piece_numel(w, p);
+    }
+  }
+  for (int p = 0; p < pieces; ++p) {
+    PayloadCheckParams check;  // one piece's payloads, in rank order (errors name the rank)
+    check.payloads = payloads.data() + p * world;
+    check.num_payloads = world;
+    check.payload_bytes = slot_bytes;
+    check.numel = sizes.data() + p * world;
+    check.codec = format::kCodecQ4;
+    check.param = static_cast<uint32_t>(config_.q4.block_size);
+    backend_.check_payloads(check);
+  }
+  for (int p = 0; p < pieces; ++p) {
+    for (int w = 0; w < world; ++w) {
+      const uint8_t* payload = payloads[p * world + w];
+      backend_.q4_decode(q4_decode_params(&payload, 1, slot_bytes, piece_numel(w, p), config_.q4,
+                                          segments, num_segments, code, piece_begin(w, p),
+                                          static_cast<float>(world)));
+    }
+  }
+}
+
+detail::CollectiveQueue& CompressedAllreduce::collectives_for(const Bucket& b) {
+  if (!collectives_) collectives_ = std::make_unique<detail::CollectiveQueue>();
+  // On a device the stream orders everything; one piece has nothing to overlap with.
+  if (b.pieces > 1 && !backend_.is_cuda() && !collectives_->threaded()) collectives_->start(carry_);
+  return *collectives_;
+}
+
+void CompressedAllreduce::blocking(const std::function<void()>& collective) {
+  if (!collectives_) collectives_ = std::make_unique<detail::CollectiveQueue>();
+  detail::CollectiveQueue& queue = *collectives_;
+  try {
+    queue.wait(queue.post(collective));
+  } catch (...) {
+    queue.drain();
+    throw;
+  }
+}
+
+void CompressedAllreduce::set_context_carrier(
+    std::function<std::function<void()>(std::function<void()>)> carry) {
+  GRADCOMP_CHECK(!collectives_ || !collectives_->threaded(),
+                 "set_context_carrier after the collectives' thread started");
+  carry_ = std::move(carry);
+}
+
+double CompressedAllreduce::blocked_seconds() const {
+  return collectives_ ? collectives_->blocked_seconds() : 0.0;
 }
 
 void CompressedAllreduce::run_q4_one_phase(Bucket& b, const Segment* segments, int num_segments,
@@ -549,7 +659,7 @@ void CompressedAllreduce::run_q4_one_phase(Bucket& b, const Segment* segments, i
                                       rng(b, 0), b.send.get());
   set_residuals(e, b.residual, b, 0);
   backend_.q4_encode(e);
-  comm_.all_gather(b.send.get(), b.gathered.get(), b.slot_bytes);
+  blocking([&] { comm_.all_gather(b.send.get(), b.gathered.get(), b.slot_bytes); });
   const std::vector<const uint8_t*> from = slots(b.gathered, b.slot_bytes, world);
   backend_.q4_decode(q4_decode_params(from.data(), world, b.slot_bytes, b.numel, config_.q4,
                                       segments, num_segments, code, 0, static_cast<float>(world)));
@@ -623,7 +733,7 @@ void CompressedAllreduce::run_topk(Bucket& b, const Segment* segments, int num_s
   }
   // This step's payloads: smaller than the slots while the warm-up has not reached the ratio.
   const uint64_t step_bytes = topk_payload_bytes(e.capacity, config_.topk.value_dtype);
-  comm_.all_gather(b.send.get(), b.gathered.get(), step_bytes);
+  blocking([&] { comm_.all_gather(b.send.get(), b.gathered.get(), step_bytes); });
   const std::vector<const uint8_t*> from = slots(b.gathered, step_bytes, world);
   TopKDecodeParams d;
   d.payloads = from.data();

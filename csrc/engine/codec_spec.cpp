@@ -14,6 +14,7 @@ EngineOptions engine_options(const CodecSpec& codec) {
     c.error_feedback = q4->error_feedback;
     c.residual_dtype = q4->residual_dtype;
     c.seed = q4->seed;
+    c.piece_numel = q4->piece_numel;
   } else if (const TopK* topk = std::get_if<TopK>(&codec)) {
     c.codec = Codec::kTopK;
     c.topk.ratio = topk->ratio;

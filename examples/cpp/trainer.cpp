@@ -7,7 +7,8 @@
 // (top-k with DGC's momentum correction, clipping and warm-up; the optimizer is then SGD without
 // momentum) | none (GradSync without compression) | allreduce (no gradcomp: one blocking allreduce
 // per gradient after backward, what C++ programs do without it). --local-world-size L: L ranks
-// per node, uncompressed inside a node and compressed between nodes. The other flags serve the
+// per node, uncompressed inside a node and compressed between nodes. --piece-numel N: q4's
+// pipeline pieces (0: each bucket in one piece). The other flags serve the
 // tests and benchmarks: checkpoints, gradient dumps, no_sync accumulation, unused parameters, step
 // timing.
 #include <gradcomp/torch.h>
@@ -114,6 +115,7 @@ gradcomp::CodecSpec codec_spec(const Flags& f) {
   if (codec == "q4") {
     gradcomp::Q4 q4;
     q4.seed = seed;
+    q4.piece_numel = f.num("piece-numel", q4.piece_numel);
     return q4;
   }
   if (codec == "topk") {

@@ -34,7 +34,9 @@ class Q4:
     ``rounding``: "stochastic" (unbiased, default) or "nearest". ``algorithm``: "two_phase"
     (all-to-all then allgather; traffic independent of world size) or "one_phase" (allgather).
     ``error_feedback`` keeps what was dropped and adds it to the next step's gradient;
-    ``residual_dtype`` is torch.float32 or torch.bfloat16.
+    ``residual_dtype`` is torch.float32 or torch.bfloat16. ``piece_numel``: two-phase runs a
+    bucket as pieces of about this many elements, encoding the next piece while one is on the
+    wire (the result is the same for any size; 0: the bucket in one piece).
     """
 
     block_size: int = 64
@@ -43,6 +45,7 @@ class Q4:
     error_feedback: bool = True
     residual_dtype: torch.dtype = torch.float32
     seed: int = 0
+    piece_numel: int = _C.q4_default_piece_numel
 
     def __post_init__(self):
         sizes = _C.q4_block_sizes
@@ -56,11 +59,15 @@ class Q4:
         _check(isinstance(self.error_feedback, bool), "Q4 error_feedback must be a bool")
         _dtype_name(self.residual_dtype, "Q4 residual_dtype", (torch.float32, torch.bfloat16))
         _check_seed(self.seed)
+        _check(isinstance(self.piece_numel, int) and not isinstance(self.piece_numel, bool)
+               and 0 <= self.piece_numel <= 2**31,
+               f"Q4 piece_numel must be an int in [0, 2**31] (0: one piece), got {self.piece_numel!r}")
 
     def _options(self) -> dict:
         return {"codec": "q4", "block_size": self.block_size, "rounding": self.rounding,
                 "algorithm": self.algorithm, "error_feedback": self.error_feedback,
-                "residual_dtype": _DTYPE_NAMES[self.residual_dtype], "seed": self.seed}
+                "residual_dtype": _DTYPE_NAMES[self.residual_dtype], "seed": self.seed,
+                "piece_numel": self.piece_numel}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,6 +37,11 @@ std::vector<Variant> variants() {
   v.push_back({"topk_exact", c});
   c.topk.exact = false;
   v.push_back({"topk_approx", c});
+  // Small pieces, so that the reference (one piece) meets buckets of many, overlapped.
+  c = CompressionConfig{};
+  c.seed = 1234;
+  c.piece_numel = 256;
+  v.push_back({"q4_two_phase_in_pieces", c});
   return v;
 }
 
@@ -258,7 +263,98 @@ TEST_P(CollectiveEquality, MatchesTheDecodeAndSumReferenceAndTheByteFormula) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, CollectiveEquality,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 8),
-                                            ::testing::Range(0, 4)));
+                                            ::testing::Range(0, 5)));
+
+// Four steps of a bf16 bucket of n elements at W = 3: every rank's results and final state.
+struct PiecedRun {
+  std::vector<std::vector<uint8_t>> out;
+  std::vector<CompressionState> state;
+  std::vector<uint64_t> last_sent;
+};
+
+PiecedRun run_in_pieces(const CompressionConfig& c, int64_t n) {
+  const int world = 3;
+  InProcessGroup group(world);
+  PiecedRun r{std::vector<std::vector<uint8_t>>(world), std::vector<CompressionState>(world),
+              std::vector<uint64_t>(world)};
+  run_ranks(group, [&](int rank, Communicator& comm) {
+    auto backend = make_cpu_backend();
+    CompressedAllreduce a(comm, *backend, c);
+    for (uint32_t step = 0; step < 4; ++step) {
+      HostTensor x = HostTensor::from_floats(
+          DType::kBFloat16, testing::normal_floats(n, 10 * step + rank, 1.0f + rank));
+      Segment seg = x.segment();
+      const uint64_t before = comm.bytes_sent();
+      ASSERT_TRUE(a.allreduce(&seg, 1, DType::kBFloat16, 5));
+      r.last_sent[rank] = comm.bytes_sent() - before;
+      a.advance_step();
+      r.out[rank].insert(r.out[rank].end(), x.bytes.begin(), x.bytes.end());
+    }
+    r.state[rank] = a.state();
+  });
+  return r;
+}
+
+TEST(Pieces, AnyPieceSizeGivesTheOnePieceResultAndResidualsByteForByte) {
+  CompressionConfig q4;
+  q4.seed = 77;
+  q4.residual_dtype = DType::kBFloat16;
+  CompressionConfig topk_warmup;  // top-k's q4 warm-up runs two-phase q4 too
+  topk_warmup.codec = Codec::kTopK;
+  topk_warmup.remedies.warmup = TopKWarmup::kQ4;
+  topk_warmup.remedies.warmup_steps = 2;
+  for (const CompressionConfig& base : {q4, topk_warmup}) {
+    for (int64_t n : {1000, 10007}) {
+      CompressionConfig one = base;
+      one.piece_numel = 0;
+      const PiecedRun expect = run_in_pieces(one, n);
+      for (int64_t piece : {int64_t{1}, int64_t{200}, int64_t{999}, int64_t{4096}}) {
+        CompressionConfig c = base;
+        c.piece_numel = piece;
+        const PiecedRun got = run_in_pieces(c, n);
+        for (int r = 0; r < 3; ++r) {
+          EXPECT_EQ(got.out[r], expect.out[r]) << "n=" << n << " piece " << piece << " rank " << r;
+          EXPECT_EQ(got.state[r].residuals, expect.state[r].residuals) << piece;
+          EXPECT_EQ(got.state[r].chunk_residuals, expect.state[r].chunk_residuals) << piece;
+          if (base.codec == Codec::kQ4)
+            EXPECT_EQ(got.last_sent[r], compressed_allreduce_bytes_sent(c, n, 3)) << piece;
+        }
+      }
+    }
+  }
+  CompressionConfig c;
+  c.piece_numel = 200;
+  EXPECT_EQ(q4_pieces(c, 10007, 3), 27);  // chunks of 3392 elements, pieces of 2 blocks
+  EXPECT_EQ(q4_piece_size(c, 10007, 3), 128);
+  c.piece_numel = 3 * 3392;
+  EXPECT_EQ(q4_pieces(c, 10007, 3), 1);
+  c.piece_numel = 3 * (3392 - 64);  // a block under a chunk each: two equal pieces, not 1 + 1 block
+  EXPECT_EQ(q4_pieces(c, 10007, 3), 2);
+  EXPECT_EQ(q4_piece_size(c, 10007, 3), 1728);
+}
+
+TEST(Pieces, RanksWithDifferentPieceSizesAreRefusedOnEveryRank) {
+  InProcessGroup group(3, 5.0);
+  std::vector<std::string> errors;
+  run_ranks(
+      group,
+      [&](int rank, Communicator& comm) {
+        auto backend = make_cpu_backend();
+        CompressionConfig c;
+        if (rank == 1) c.piece_numel = 512;
+        CompressedAllreduce engine(comm, *backend, c);
+        HostTensor x(DType::kFloat32, 5000);
+        Segment seg = x.segment();
+        engine.allreduce(&seg, 1, DType::kFloat32, 0);
+      },
+      &errors);
+  ASSERT_EQ(errors.size(), 3u);
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("layout mismatch"), std::string::npos) << e;
+    EXPECT_NE(e.find("rank 1 has bucket 0 with 5000 elements"), std::string::npos) << e;
+    EXPECT_NE(e.find("pieces of 512"), std::string::npos) << e;
+  }
+}
 
 // ---- hierarchical: nodes x local ranks --------------------------------------------------------
 
@@ -350,10 +446,10 @@ TEST_P(HierarchicalEquality, MatchesNodeMeanThenFlatReferencePerShardAndTheByteF
 
 INSTANTIATE_TEST_SUITE_P(Grids, HierarchicalEquality,
                          ::testing::Combine(::testing::Values(2), ::testing::Values(2, 4),
-                                            ::testing::Range(0, 4)));
+                                            ::testing::Range(0, 5)));
 INSTANTIATE_TEST_SUITE_P(Edges, HierarchicalEquality,
                          ::testing::Combine(::testing::Values(1, 3, 4), ::testing::Values(1, 3),
-                                            ::testing::Values(0, 2)));
+                                            ::testing::Values(0, 2, 4)));
 
 TEST(Hierarchical, OneRankPerNodeIsTheFlatSchemeByteForByte) {
   for (const Variant& v : variants()) {
@@ -507,7 +603,21 @@ TEST(Collectives, BytesFormulaIsAboutAnEighthOfFp32AtAnyWorldSize) {
   }
   const int64_t big = (int64_t{1} << 31) + 3;
   const int64_t chunk = ((big + 3) / 4 + 63) / 64 * 64;
-  EXPECT_EQ(compressed_allreduce_bytes_sent(c, big, 4), 2 * 3 * q4_payload_bytes(chunk, 64));
+  CompressionConfig one_piece = c;
+  one_piece.piece_numel = 0;
+  EXPECT_EQ(compressed_allreduce_bytes_sent(one_piece, big, 4),
+            2 * 3 * q4_payload_bytes(chunk, 64));
+  // In pieces: one payload per piece, rank and phase, each piece of whole blocks.
+  const int pieces = q4_pieces(c, big, 4);
+  const int64_t piece = q4_piece_size(c, big, 4);
+  EXPECT_EQ(pieces, 1025);  // just over 2^29 elements per chunk, pieces of at most 2^21 / 4
+  EXPECT_EQ(piece % 64, 0);
+  EXPECT_GE(piece * pieces, chunk);
+  EXPECT_LT(piece * (pieces - 1), chunk);
+  EXPECT_EQ(compressed_allreduce_bytes_sent(c, big, 4),
+            2 * 3 * uint64_t(pieces) * q4_payload_bytes(piece, 64));
+  EXPECT_LT(compressed_allreduce_bytes_sent(c, big, 4),
+            1.001 * compressed_allreduce_bytes_sent(one_piece, big, 4));
 }
 
 TEST(Collectives, LayoutMismatchNamesTheRanksInsteadOfHanging) {

@@ -32,11 +32,15 @@ BucketRequest request(std::vector<float>& data, int64_t index) {
   return r;
 }
 
-EngineOptions options(Codec codec) {
+// Pieces of kSmallPieces elements: bucket 0 in 8 pieces, bucket 1 in 3, at W = 3.
+constexpr int64_t kSmallPieces = 300;
+
+EngineOptions options(Codec codec, int64_t piece_numel = CompressionConfig::kDefaultPieceNumel) {
   EngineOptions o;
   o.config.codec = codec;
   o.config.topk.ratio = 0.05;
   o.config.seed = 9;
+  o.config.piece_numel = piece_numel;
   return o;
 }
 
@@ -74,6 +78,7 @@ struct DamageCase {
   FaultSpec::Action action;
   const char* collective;
   uint64_t call;  // the call of step 1's bucket 1 (two-phase q4: layout checks are all_gathers)
+  int64_t piece_numel = CompressionConfig::kDefaultPieceNumel;  // the damaged run's pieces
 };
 
 class PeerSendsBadBytes : public ::testing::TestWithParam<DamageCase> {};
@@ -92,7 +97,7 @@ TEST_P(PeerSendsBadBytes, EveryRankRefusesItNamingTheSenderAndARetriedStepIsExac
     spec.rank = 1;
     FaultInjectingCommunicator comm(group.communicator(rank), spec);
     auto backend = make_cpu_backend();
-    BucketEngine engine(options(c.codec));
+    BucketEngine engine(options(c.codec, c.piece_numel));
     engine.bind(comm, backend.get());
     for (uint32_t step = 0; step < 3; ++step) {
       for (int b = 0; b < 2; ++b) {
@@ -128,14 +133,23 @@ TEST_P(PeerSendsBadBytes, EveryRankRefusesItNamingTheSenderAndARetriedStepIsExac
 
 INSTANTIATE_TEST_SUITE_P(
     Damage, PeerSendsBadBytes,
-    ::testing::Values(DamageCase{Codec::kQ4, FaultSpec::Action::kFlipBits, "all_gather", 5},
-                      DamageCase{Codec::kQ4, FaultSpec::Action::kTruncate, "all_to_all", 3},
-                      DamageCase{Codec::kQ4, FaultSpec::Action::kReplace, "all_gather", 5},
-                      DamageCase{Codec::kQ4, FaultSpec::Action::kFlipBits, "all_to_all", 3},
-                      DamageCase{Codec::kTopK, FaultSpec::Action::kFlipBits, "all_gather", 5},
-                      DamageCase{Codec::kTopK, FaultSpec::Action::kTruncate, "all_gather", 5}));
+    ::testing::Values(
+        DamageCase{Codec::kQ4, FaultSpec::Action::kFlipBits, "all_gather", 5},
+        DamageCase{Codec::kQ4, FaultSpec::Action::kTruncate, "all_to_all", 3},
+        DamageCase{Codec::kQ4, FaultSpec::Action::kReplace, "all_gather", 5},
+        DamageCase{Codec::kQ4, FaultSpec::Action::kFlipBits, "all_to_all", 3},
+        DamageCase{Codec::kTopK, FaultSpec::Action::kFlipBits, "all_gather", 5},
+        DamageCase{Codec::kTopK, FaultSpec::Action::kTruncate, "all_gather", 5},
+        // In pieces, damage to bucket 1's second piece: its first piece is decoded
+        // fine, and still the bucket is left as it was. The results equal those of
+        // one piece (fault_free).
+        DamageCase{Codec::kQ4, FaultSpec::Action::kFlipBits, "all_gather", 22, kSmallPieces},
+        DamageCase{Codec::kQ4, FaultSpec::Action::kTruncate, "all_to_all", 20, kSmallPieces}));
 
-TEST(PeerFails, EveryRankRaisesNamingStepBucketAndCollectiveWithinTheTimeout) {
+class PeerFails : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(PeerFails, EveryRankRaisesNamingStepBucketAndCollectiveWithinTheTimeout) {
+  const int64_t piece_numel = GetParam();
   InProcessGroup group(kWorld, 2.0);
   std::vector<std::string> errors(kWorld);
   const auto start = std::chrono::steady_clock::now();
@@ -143,11 +157,12 @@ TEST(PeerFails, EveryRankRaisesNamingStepBucketAndCollectiveWithinTheTimeout) {
     FaultSpec spec;
     spec.action = FaultSpec::Action::kFail;
     spec.collective = "all_to_all";
-    spec.call = 1;  // step 0, bucket 1
+    // Step 0, bucket 1 (in pieces: its second, while its first piece's allgather is queued).
+    spec.call = piece_numel == kSmallPieces ? 9 : 1;
     spec.rank = 0;
     FaultInjectingCommunicator comm(group.communicator(rank), spec);
     auto backend = make_cpu_backend();
-    BucketEngine engine(options(Codec::kQ4));
+    BucketEngine engine(options(Codec::kQ4, piece_numel));
     engine.bind(comm, backend.get());
     for (int b = 0; b < 2; ++b) {
       std::vector<float> g = gradient(kNumel[b], 0, rank, b);
@@ -171,6 +186,9 @@ TEST(PeerFails, EveryRankRaisesNamingStepBucketAndCollectiveWithinTheTimeout) {
     EXPECT_NE(errors[rank].find("all_to_all"), std::string::npos) << errors[rank];
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(OneAndManyPieces, PeerFails,
+                         ::testing::Values(CompressionConfig::kDefaultPieceNumel, kSmallPieces));
 
 TEST(ForeignCheckpoints, AnotherWorldSizeOrWrongResidualSizesAreRefusedAsAWhole) {
   InProcessGroup group(1);

@@ -62,15 +62,20 @@ def test_four_ranks_end_with_one_model_and_send_less(data, codec):
     assert 0 < ranks[0]["bytes_sent"] < ranks[0]["uncompressed_bytes"] / 4
 
 
-@pytest.mark.parametrize("world,codec,accumulate", [(2, "q4", 1), (3, "q4", 2), (2, "topk", 1), (3, "topk", 2),
-                                                    (2, "topk-dgc", 1), (3, "topk-q4warmup", 1)])
-def test_averaged_gradients_equal_the_reference_and_the_python_hook(data, tmp_path, world, codec, accumulate):
+@pytest.mark.parametrize("world,codec,accumulate,pieces", [
+    (2, "q4", 1, 0), (3, "q4", 2, 0), (2, "topk", 1, 0), (3, "topk", 2, 0), (2, "topk-dgc", 1, 0),
+    (3, "topk-q4warmup", 1, 0),
+    # Pieces of 128 elements (the 2048-element layer's bucket in 16 per rank), against references
+    # that reduce each bucket in one piece.
+    (2, "q4", 1, 128), (3, "q4", 2, 128)])
+def test_averaged_gradients_equal_the_reference_and_the_python_hook(data, tmp_path, world, codec, accumulate,
+                                                                    pieces):
     steps = 3
     dump, layout_path = tmp_path / "grads", tmp_path / "layout.json"
     # Small buckets, so the model spreads over several; --accumulate adds no_sync micro-steps.
     launch(world, ["--data", data, "--codec", codec, "--steps", steps, "--dump", dump, "--layout-out",
                    layout_path, "--bucket-cap-mb", 0.0001, "--first-bucket-cap-mb", 0.00002,
-                   "--accumulate", accumulate])
+                   "--accumulate", accumulate] + (["--piece-numel", pieces] if pieces else []))
     layout = json.loads(layout_path.read_text())
     assert len(layout["buckets"]) > 2, layout
     check_against_reference(str(dump), layout, world, steps, codec)

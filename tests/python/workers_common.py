@@ -9,6 +9,8 @@ import gradcomp.torch as gt
 
 def codec(name: str):
     return {"q4": gradcomp.Q4(seed=5), "q4_nearest": gradcomp.Q4(rounding="nearest", seed=5),
+            # Pieces of 256 elements: a 3001-element bucket overlaps a dozen of them per rank.
+            "q4_pieces": gradcomp.Q4(seed=5, piece_numel=256),
             "topk": gradcomp.TopK(ratio=0.01), "none": gradcomp.NoCompression(),
             "topk_no_ef": gradcomp.TopK(ratio=0.01, error_feedback=False),
             # DGC's remedies: momentum correction, clipping that acts on these gradients, warm-up.

@@ -150,7 +150,8 @@ def grad_scaler_skips_on_every_rank(rank, world):
 def profiler_sees_phases(rank, world):
     torch.manual_seed(0)
     ddp = nn.parallel.DistributedDataParallel(MLP())
-    gt.register(ddp, gradcomp.Q4())
+    # Pieces, so that the collectives run on the reduction's own thread beside the codec's.
+    gt.register(ddp, gradcomp.Q4(piece_numel=1024))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(2):
             ddp(torch.randn(8, 64)).square().mean().backward()
@@ -158,4 +159,6 @@ def profiler_sees_phases(rank, world):
     missing = {"gradcomp::hook_bucket", "gradcomp::all_to_all", "gradcomp::all_gather", "gradcomp::q4_encode",
                "gradcomp::q4_decode", "gradcomp::check_payloads"} - names
     assert not missing, f"not in the profiler trace: {missing}"
+    threads = lambda name: {e.thread for e in prof.events() if e.name == name}
+    assert not threads("gradcomp::all_to_all") & threads("gradcomp::q4_encode"), "collectives on the codec's thread"
     return True

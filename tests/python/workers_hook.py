@@ -22,7 +22,7 @@ def reference_equality(rank, world, codec_name, n):
     bucket_id = _C.bucket_identity(0, torch.zeros(n), shapes) & MASK
     spec = codec(codec_name)
     if codec_name.startswith("q4"):
-        ref = reference.Q4TwoPhase(world, n, seed=5, stochastic=codec_name == "q4")
+        ref = reference.Q4TwoPhase(world, n, seed=5, stochastic=codec_name != "q4_nearest")
     elif codec_name == "topk_q4warmup":
         ref = reference.TopKQ4Warmup(world, n, spec.ratio, spec.warmup_steps, seed=5)
     elif codec_name.startswith("topk_dgc"):

@@ -15,6 +15,8 @@ struct Q4 {
   bool error_feedback = true;
   DType residual_dtype = DType::kFloat32;
   uint64_t seed = 0;
+  // Two-phase: elements per pipeline piece (CompressionConfig::piece_numel; 0: one piece).
+  int64_t piece_numel = CompressionConfig::kDefaultPieceNumel;
 };
 
 // Top-k sparsification of the ceil(ratio * N) largest magnitudes of each bucket, with DGC's

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -13,6 +14,7 @@
 namespace gradcomp {
 namespace detail {
 class BackendBuffer;
+class CollectiveQueue;
 }  // namespace detail
 
 enum class Q4Algorithm : uint8_t { kTwoPhase = 0, kOnePhase = 1 };
@@ -52,6 +54,13 @@ struct CompressionConfig {
   bool error_feedback = true;
   DType residual_dtype = DType::kFloat32;
   uint64_t seed = 0;
+  // Two-phase q4 (and top-k's q4 warm-up) runs a bucket as pieces of about this many elements:
+  // the next piece is encoded while one is on the wire, its mean re-encoded while later ones
+  // are. The result is the same for any piece size (blocks and random bits are keyed by the
+  // element's place in the bucket); each piece adds one payload header per rank and phase.
+  // 0: the bucket in one piece.
+  static constexpr int64_t kDefaultPieceNumel = int64_t{1} << 21;
+  int64_t piece_numel = kDefaultPieceNumel;
   void validate() const;
 };
 
@@ -63,6 +72,10 @@ bool topk_sends_q4_at(const CompressionConfig& config, uint32_t step);
 // Bytes one rank sends for one allreduce of a bucket of `numel` elements at world size W.
 uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_t numel, int world,
                                          uint32_t step = ~0u);
+
+// Two-phase q4: the elements of one rank's chunk in one piece, and the pieces of a chunk.
+int64_t q4_piece_size(const CompressionConfig& config, int64_t numel, int world);
+int q4_pieces(const CompressionConfig& config, int64_t numel, int world);
 
 // A hierarchical reduction's two groups (docs/algorithms.md). Ranks are node-major: global rank
 // = node * L + local rank, with L = intra_node->world_size(); intra_node holds the node's L ranks
@@ -150,6 +163,12 @@ class CompressedAllreduce {
   // Ranks per node (1: flat) and this rank's place among all ranks.
   int local_world_size() const { return node_ != nullptr ? node_->world_size() : 1; }
   int global_rank() const { return global_rank_; }
+  // Runs posted collectives off the calling thread in `carry`'s context (the profiler's), so
+  // pieces overlap; set before the first reduction.
+  void set_context_carrier(std::function<std::function<void()>(std::function<void()>)> carry);
+  // Seconds the calling thread has spent in collectives or waiting for them, over all reductions
+  // (what is not codec work).
+  double blocked_seconds() const;
 
  private:
   struct Bucket;
@@ -170,6 +189,10 @@ class CompressedAllreduce {
   void set_residuals(Q4EncodeParams& e, detail::BackendBuffer* residual, const Bucket& b,
                      int64_t offset) const;
   math::RngKey rng(const Bucket& b, uint32_t phase) const;
+  // The queue the bucket's collectives go through: threaded for pieces on host memory.
+  detail::CollectiveQueue& collectives_for(const Bucket& b);
+  // Runs one collective and waits for it, counted as blocked time.
+  void blocking(const std::function<void()>& collective);
 
   Communicator& comm_;            // all ranks (flat) or the inter-node group
   Communicator* node_ = nullptr;  // the intra-node group of a hierarchical reduction
@@ -179,6 +202,8 @@ class CompressedAllreduce {
   uint32_t step_ = 0;
   std::map<uint64_t, std::unique_ptr<Bucket>> buckets_;
   CompressionState pending_;  // loaded state for buckets not yet seen
+  std::function<std::function<void()>(std::function<void()>)> carry_;
+  std::unique_ptr<detail::CollectiveQueue> collectives_;
 };
 
 }  // namespace gradcomp

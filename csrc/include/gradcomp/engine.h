@@ -93,6 +93,9 @@ struct EngineOptions {
   // Called on the thread that hands a bucket in; returns what the reducing thread runs. A front
   // end carries its thread context this way (the torch layer: the profiler's state and a range).
   std::function<std::function<void()>(std::function<void()>)> wrap_task;
+  // The same for the collectives a reduction hands to its own thread (pieces of two-phase q4),
+  // without wrap_task's range.
+  std::function<std::function<void()>(std::function<void()>)> carry_context;
 };
 
 // A bucket identity that is the same on every rank and across restarts: the bucket's position,

@@ -166,7 +166,7 @@ def main():
                     done += 1
                     print(f"[{done}/{total}] W={world} {gbps:g} Gbit/s {method}", flush=True)
                     trace = []
-                    if args.trace and gbps == rates[0] and method in ("gradcomp-q4", "gradcomp-topk"):
+                    if args.trace and gbps == rates[0] and method in ("gradcomp-q4", "gradcomp-q4-1piece", "gradcomp-topk"):
                         trace = ["--trace", os.path.join(args.out, f"trace_{method}_w{world}_{gbps:g}g")]
                     r = run_ranks(link, "throughput", method, world, extra + trace, args.timeout,
                                   cpp_bin=args.cpp_bin)

@@ -28,8 +28,8 @@ import e2e  # noqa: E402
 
 NODES = 2
 ADDRESSES = ("10.77.0.1", "10.77.0.2")
-METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "gradcomp-q4", "gradcomp-q4-hier", "gradcomp-q4-hier-1piece",
-           "gradcomp-topk", "gradcomp-topk-hier")
+METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "gradcomp-q4", "gradcomp-q4-1piece", "gradcomp-q4-hier",
+           "gradcomp-q4-hier-1piece", "gradcomp-topk", "gradcomp-topk-hier")
 TRACED = ("ddp-fp32", "gradcomp-q4", "gradcomp-q4-hier", "gradcomp-topk-hier")
 
 

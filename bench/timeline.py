@@ -39,6 +39,14 @@ def clip(intervals, lo, hi):
     return [[max(a, lo), min(b, hi)] for a, b in intervals if min(b, hi) > max(a, lo)]
 
 
+def intersect(a, b):
+    """The time two unions of intervals cover together."""
+    out = []
+    for lo, hi in a:
+        out += clip(b, lo, hi)
+    return out
+
+
 def events(path):
     with open(path) as f:
         trace = json.load(f)
@@ -79,6 +87,8 @@ def summarise(path):
         "comm_ms": ms(length(comm)), "comm_hidden_ms": ms(length(clip(comm, b0, compute_end))),
         "comm_exposed_ms": ms(length(comm) - length(clip(comm, b0, compute_end))),
         "codec_ms": ms(length(codec)), "codec_exposed_ms": ms(length(codec) - length(clip(codec, b0, compute_end))),
+        # Collectives on the wire while the codec works on other pieces (pipelined reductions).
+        "comm_under_codec_ms": ms(length(intersect(comm, codec))),
         "buckets": sum(1 for e in ev if e["name"] == "gradcomp::hook_bucket"),
     }
 
@@ -103,12 +113,13 @@ def plot(paths, out, title):
         for k, (label, names, color) in enumerate(kinds):
             names = (names,) if isinstance(names, str) else names
             spans = union([[e["ts"] - origin, e["ts"] + e["dur"] - origin] for e in ev if e["name"] in names])
-            y = row + (0.05 if k < 2 else 0.5)
-            ax.broken_barh([(a / 1e3, (b - a) / 1e3) for a, b in spans], (y, 0.4), color=color,
+            # Codec and collectives in rows of their own: with pieces they overlap.
+            y, h = ((row + 0.05, 0.4), (row + 0.05, 0.4), (row + 0.5, 0.2), (row + 0.72, 0.2))[k]
+            ax.broken_barh([(a / 1e3, (b - a) / 1e3) for a, b in spans], (y, h), color=color,
                            label=label if row == 0 else None)
     ax.set_yticks([r + 0.5 for r in range(len(paths))])
     ax.set_yticklabels([f"rank {r}" for r in range(len(paths))])
-    ax.set_xlabel("ms since the step began (upper half: the step; lower: gradcomp's codec and collectives)")
+    ax.set_xlabel("ms since the step began (upper half: the step; lower: gradcomp's codec, then its collectives)")
     ax.set_title(title)
     ax.legend(fontsize=8, ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.25))
     fig.tight_layout()

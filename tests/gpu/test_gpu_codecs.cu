@@ -350,7 +350,8 @@ struct OneRankNccl {
   }
 };
 
-// The same configuration on the GPU (NCCL, one rank) and on the CPU (in-process, one rank).
+// A configuration on the GPU (NCCL, one rank) and on the CPU (in-process, one rank; the same
+// configuration unless given another).
 struct EnginePair {
   NcclCommunicator nccl;
   std::unique_ptr<Backend> gpu;
@@ -358,21 +359,29 @@ struct EnginePair {
   InProcessGroup group{1};
   std::unique_ptr<Backend> cpu = make_cpu_backend();
   CompressedAllreduce cpu_engine;
-  EnginePair(const OneRankNccl& rank, const CompressionConfig& c)
+  EnginePair(const OneRankNccl& rank, const CompressionConfig& c) : EnginePair(rank, c, c) {}
+  EnginePair(const OneRankNccl& rank, const CompressionConfig& c, const CompressionConfig& on_cpu)
       : nccl(rank.comm, rank.stream),
         gpu(cuda::make_cuda_backend(cuda::CudaBackendOptions{0, rank.stream, 0})),
         gpu_engine(nccl, *gpu, c),
-        cpu_engine(group.communicator(0), *cpu, c) {}
+        cpu_engine(group.communicator(0), *cpu, on_cpu) {}
 };
 
+// Also q4 in pieces of 1024 elements on the GPU (queued in stream order) against one piece on
+// the CPU: the same bytes.
 TEST(GpuCollectives, NcclEngineMatchesTheCpuEngine) {
   SKIP_WITHOUT_GPU();
   OneRankNccl nccl_rank;
-  for (Codec codec : {Codec::kQ4, Codec::kTopK}) {
+  for (int variant = 0; variant < 3; ++variant) {
     CompressionConfig c;
-    c.codec = codec;
+    c.codec = variant == 1 ? Codec::kTopK : Codec::kQ4;
     c.seed = 9;
-    EnginePair engines(nccl_rank, c);
+    CompressionConfig on_cpu = c;
+    if (variant == 2) {
+      c.piece_numel = 1000;
+      on_cpu.piece_numel = 0;
+    }
+    EnginePair engines(nccl_rank, c, on_cpu);
     CompressedAllreduce& gpu_engine = engines.gpu_engine;
     CompressedAllreduce& cpu_engine = engines.cpu_engine;
     for (int step = 0; step < 3; ++step) {
@@ -383,7 +392,7 @@ TEST(GpuCollectives, NcclEngineMatchesTheCpuEngine) {
       EXPECT_TRUE(cpu_engine.allreduce(&cseg, 1, DType::kBFloat16, 1));
       gpu_engine.advance_step();
       cpu_engine.advance_step();
-      ASSERT_EQ(dx.host(), x.bytes) << "step " << step;
+      ASSERT_EQ(dx.host(), x.bytes) << "variant " << variant << " step " << step;
     }
   }
 }

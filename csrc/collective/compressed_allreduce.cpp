@@ -46,7 +46,7 @@ struct LayoutFingerprint {
   uint16_t unused;
   uint32_t warmup_steps, warmup_stages;  // top-k remedies
   uint32_t momentum_bits, clip_bits;
-  uint32_t piece;                      // two-phase q4: elements of a chunk per piece
+  uint32_t piece;                      // two-phase q4: elements of a chunk per piece (low 32 bits)
   uint32_t warmup_kind, warmup_block;  // top-k's warm-up and its q4 block size
   uint32_t local_world;                // ranks per node (1: flat)
   bool operator==(const LayoutFingerprint& o) const { return std::memcmp(this, &o, sizeof o) == 0; }
@@ -276,8 +276,9 @@ CompressedAllreduce::Bucket& CompressedAllreduce::bucket_for(const Segment* segm
                              : topk_sends_q4_at(config_, step_);
   if (two_phase) {
     b->chunk = q4_chunk_size(numel, world, config_.q4.block_size);
-    b->piece = q4_piece_size(config_, numel, world);
-    b->pieces = q4_pieces(config_, numel, world);
+    // On a device everything runs in stream order, so pieces would only add launches and calls.
+    b->piece = backend_.is_cuda() ? b->chunk : q4_piece_size(config_, numel, world);
+    b->pieces = backend_.is_cuda() ? 1 : q4_pieces(config_, numel, world);
     b->q4_slot_bytes = q4_payload_bytes(b->piece, config_.q4.block_size);
     // Piece p's payloads to (or from) every rank lie at slots [p * world, (p + 1) * world).
     send_bytes = gathered_slot = b->q4_slot_bytes * b->pieces;
@@ -350,7 +351,7 @@ void CompressedAllreduce::check_layout(const Bucket& b, uint64_t bucket_id) {
                    ? static_cast<uint32_t>(config_.q4.block_size)
                    : static_cast<uint32_t>(topk_capacity(b.full_numel, config_.topk));
   mine.error_feedback = config_.error_feedback ? 1 : 0;
-  if (b.q4_slot_bytes > 0) mine.piece = static_cast<uint32_t>(config_.piece_numel);
+  mine.piece = static_cast<uint32_t>(b.piece);
   if (config_.codec == Codec::kTopK) {
     const TopKRemedies& r = config_.remedies;
     mine.warmup_steps = r.warmup_steps;

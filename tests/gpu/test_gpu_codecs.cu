@@ -367,8 +367,8 @@ struct EnginePair {
         cpu_engine(group.communicator(0), *cpu, on_cpu) {}
 };
 
-// Also q4 in pieces of 1024 elements on the GPU (queued in stream order) against one piece on
-// the CPU: the same bytes.
+// Also q4 configured for pieces of 1000 elements: on the GPU a bucket goes in one piece (stream
+// order, nothing to overlap), the same bytes as the CPU's one piece.
 TEST(GpuCollectives, NcclEngineMatchesTheCpuEngine) {
   SKIP_WITHOUT_GPU();
   OneRankNccl nccl_rank;

@@ -9,13 +9,15 @@ namespace {
 // Adds the seconds of its scope to a counter.
 class ScopedSeconds {
  public:
-  explicit ScopedSeconds(double& total) : total_(total), t0_(std::chrono::steady_clock::now()) {}
+  explicit ScopedSeconds(std::atomic<double>& total)
+      : total_(total), t0_(std::chrono::steady_clock::now()) {}
   ~ScopedSeconds() {
-    total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    total_.store(total_.load(std::memory_order_relaxed) + dt, std::memory_order_relaxed);
   }
 
  private:
-  double& total_;
+  std::atomic<double>& total_;
   std::chrono::steady_clock::time_point t0_;
 };
 
@@ -44,28 +46,32 @@ void Communicator::run(const char* collective, uint64_t bytes, F&& f) {
   }
 }
 
+void Communicator::count_bytes(uint64_t bytes) {
+  bytes_sent_.store(bytes_sent_.load(std::memory_order_relaxed) + bytes, std::memory_order_relaxed);
+}
+
 void Communicator::all_to_all(const void* send, void* recv, size_t bytes_per_rank) {
   run("all_to_all", bytes_per_rank * world_size(),
       [&] { run_all_to_all(send, recv, bytes_per_rank); });
-  bytes_sent_ += bytes_per_rank * static_cast<uint64_t>(world_size() - 1);
+  count_bytes(bytes_per_rank * static_cast<uint64_t>(world_size() - 1));
 }
 
 void Communicator::all_gather(const void* send, void* recv, size_t bytes_per_rank) {
   run("all_gather", bytes_per_rank, [&] { run_all_gather(send, recv, bytes_per_rank); });
-  bytes_sent_ += bytes_per_rank * static_cast<uint64_t>(world_size() - 1);
+  count_bytes(bytes_per_rank * static_cast<uint64_t>(world_size() - 1));
 }
 
 void Communicator::allreduce_mean(void* data, int64_t numel, DType dtype) {
   run("allreduce", static_cast<uint64_t>(numel) * dtype_size(dtype),
       [&] { run_allreduce_mean(data, numel, dtype); });
-  bytes_sent_ += ring_allreduce_bytes(numel, dtype, world_size());
+  count_bytes(ring_allreduce_bytes(numel, dtype, world_size()));
 }
 
 void Communicator::reduce_scatter_mean(const void* send, void* recv, int64_t numel_per_rank,
                                        DType dtype) {
   run("reduce_scatter", static_cast<uint64_t>(numel_per_rank) * dtype_size(dtype) * world_size(),
       [&] { run_reduce_scatter_mean(send, recv, numel_per_rank, dtype); });
-  bytes_sent_ += reduce_scatter_bytes(numel_per_rank, dtype, world_size());
+  count_bytes(reduce_scatter_bytes(numel_per_rank, dtype, world_size()));
 }
 
 }  // namespace gradcomp

@@ -414,25 +414,109 @@ void CompressedAllreduce::check_layout(const Bucket& b, uint64_t bucket_id) {
                             << "; every rank must build identical buckets");
 }
 
+struct CompressedAllreduce::InFlight {
+  Bucket* bucket = nullptr;
+  std::vector<Segment> segments;  // where the mean goes
+  DType dtype = DType::kFloat32;
+  // What is left after the collectives: nothing (a hierarchical bucket), or a decode.
+  enum class Rest { kEndBucket, kQ4TwoPhase, kQ4OnePhase, kTopK } rest = Rest::kEndBucket;
+  std::vector<uint64_t> tickets;  // the collectives whose results the decode reads
+  TopKDecodeParams topk;          // top-k's decode, less the payload pointers
+};
+
+bool CompressedAllreduce::overlaps_buckets() const {
+  return node_ == nullptr && !backend_.is_cuda() && config_.piece_numel != 0;
+}
+
+int CompressedAllreduce::in_flight() const {
+  return static_cast<int>(in_flight_.size());
+}
+
 bool CompressedAllreduce::allreduce(const Segment* segments, int num_segments, DType dtype,
                                     uint64_t bucket_id) {
+  GRADCOMP_CHECK(in_flight_.empty(), "allreduce of bucket "
+                                         << bucket_id << " while " << in_flight_.size()
+                                         << " begun buckets are unfinished on rank "
+                                         << global_rank_);
   backend_.take_nonfinite_buckets();
-  enqueue_allreduce(segments, num_segments, dtype, bucket_id);
+  begin_allreduce(segments, num_segments, dtype, bucket_id);
+  finish_front();
+  return backend_.take_nonfinite_buckets() == 0;
+}
+
+bool CompressedAllreduce::finish_allreduce() {
+  GRADCOMP_CHECK(!in_flight_.empty(),
+                 "finish_allreduce with no begun bucket on rank " << global_rank_);
+  backend_.take_nonfinite_buckets();
+  finish_front();
   return backend_.take_nonfinite_buckets() == 0;
 }
 
 void CompressedAllreduce::enqueue_allreduce(const Segment* segments, int num_segments, DType dtype,
                                             uint64_t bucket_id) {
+  GRADCOMP_CHECK(in_flight_.empty(), "enqueue_allreduce of bucket "
+                                         << bucket_id << " while begun buckets are unfinished");
+  begin_allreduce(segments, num_segments, dtype, bucket_id);
+  finish_front();
+}
+
+void CompressedAllreduce::begin_allreduce(const Segment* segments, int num_segments, DType dtype,
+                                          uint64_t bucket_id) {
+  const bool overlapping = !in_flight_.empty();
+  GRADCOMP_CHECK(in_flight_.size() < 2 && (!overlapping || overlaps_buckets()),
+                 "bucket " << bucket_id << " begun on rank " << global_rank_ << " while "
+                           << in_flight_.size() << " begun buckets are unfinished"
+                           << (overlaps_buckets() ? " (at most one may be)"
+                                                  : " (this reduction does not overlap buckets)"));
   Bucket& b = bucket_for(segments, num_segments, dtype, bucket_id);
-  if (!b.layout_checked) {
-    check_layout(b, bucket_id);
-    b.layout_checked = true;
+  InFlight f;
+  f.bucket = &b;
+  f.segments.assign(segments, segments + num_segments);
+  f.dtype = dtype;
+  try {
+    if (!b.layout_checked) {
+      check_layout(b, bucket_id);
+      b.layout_checked = true;
+    }
+    if (node_ == nullptr) {
+      post_compressed(b, f, f.segments.data(), num_segments);
+    } else {
+      reduce_hierarchical(b, f.segments.data(), num_segments, dtype);
+    }
+  } catch (...) {
+    // The collectives posted so far finish before their buffers are used again; while an earlier
+    // bucket is in flight, its finish must still see their errors, so the queue waits for it.
+    if (!backend_.is_cuda()) backend_.take_decode_status();
+    if (in_flight_.empty()) drain_collectives();
+    throw;
   }
-  if (node_ == nullptr) {
-    run_compressed(b, segments, num_segments, dtype);
-    end_bucket(b);
-    return;
-  }
+  // A non-finite sum flags the intermediate decodes of two-phase q4 and re-encodes to NaN steps,
+  // so the final decode flags it again: the flag an earlier bucket's end_bucket reads must not
+  // carry this bucket's.
+  if (overlapping) backend_.take_decode_status();
+  in_flight_.push_back(std::move(f));
+}
+
+void CompressedAllreduce::finish_front() {
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  // A failed begin of a later bucket may have left collectives running on its buffers.
+  struct DrainWhenIdle {
+    CompressedAllreduce& self;
+    ~DrainWhenIdle() {
+      if (self.in_flight_.empty()) self.drain_collectives();
+    }
+  } drain{*this};
+  finish_compressed(*f.bucket, f);
+  end_bucket(*f.bucket);
+}
+
+void CompressedAllreduce::drain_collectives() noexcept {
+  if (collectives_) collectives_->drain();
+}
+
+void CompressedAllreduce::reduce_hierarchical(Bucket& b, const Segment* segments, int num_segments,
+                                              DType dtype) {
   const size_t esize = dtype_size(dtype);
   const size_t shard_bytes = static_cast<size_t>(b.numel) * esize;
   // One segment of L whole shards (the usual DDP bucket) is exchanged in place; otherwise the
@@ -455,8 +539,12 @@ void CompressedAllreduce::enqueue_allreduce(const Segment* segments, int num_seg
     node_->reduce_scatter_mean(in_place ? segments[0].data : b.node_send.get(), b.node_shard.get(),
                                b.numel, dtype);
   });
-  const Segment shard{b.node_shard.get(), 0, b.numel};
-  run_compressed(b, &shard, 1, dtype);
+  InFlight shard;
+  shard.bucket = &b;
+  shard.segments = {Segment{b.node_shard.get(), 0, b.numel}};
+  shard.dtype = dtype;
+  post_compressed(b, shard, shard.segments.data(), 1);
+  finish_compressed(b, shard);
   if (in_place) {
     blocking([&] { node_->all_gather(b.node_shard.get(), segments[0].data, shard_bytes); });
   } else {
@@ -475,19 +563,35 @@ void CompressedAllreduce::enqueue_allreduce(const Segment* segments, int num_seg
   scan.dtype = static_cast<uint8_t>(dtype);
   scan.numel = b.full_numel;
   backend_.scan_nonfinite(scan);
-  end_bucket(b);
 }
 
-void CompressedAllreduce::run_compressed(Bucket& b, const Segment* segments, int num_segments,
-                                         DType dtype) {
+void CompressedAllreduce::post_compressed(Bucket& b, InFlight& f, const Segment* segments,
+                                          int num_segments) {
   if (config_.codec == Codec::kTopK) {
-    run_topk(b, segments, num_segments, dtype);
+    post_topk(b, f, segments, num_segments);
   } else if (config_.q4_algorithm == Q4Algorithm::kTwoPhase) {
-    run_q4_two_phase(b, segments, num_segments, static_cast<uint8_t>(dtype), segments, num_segments,
-                     dtype);
+    post_q4_two_phase(b, f, segments, num_segments, static_cast<uint8_t>(f.dtype));
   } else {
-    run_q4_one_phase(b, segments, num_segments, dtype);
+    post_q4_one_phase(b, f, segments, num_segments);
   }
+}
+
+void CompressedAllreduce::finish_compressed(Bucket& b, InFlight& f) {
+  switch (f.rest) {
+    case InFlight::Rest::kQ4TwoPhase:
+      return finish_q4_two_phase(b, f);
+    case InFlight::Rest::kQ4OnePhase:
+      return finish_q4_one_phase(b, f);
+    case InFlight::Rest::kTopK:
+      return finish_topk(b, f);
+    case InFlight::Rest::kEndBucket:
+      return;
+  }
+}
+
+void CompressedAllreduce::wait_tickets(const InFlight& f) {
+  detail::CollectiveQueue& queue = *collectives_;
+  for (uint64_t t : f.tickets) queue.wait(t);
 }
 
 void CompressedAllreduce::end_bucket(Bucket& b) {
@@ -526,12 +630,10 @@ void CompressedAllreduce::set_residuals(Q4EncodeParams& e, Buffer* residual, con
   e.residual_dtype = static_cast<uint8_t>(config_.residual_dtype);
 }
 
-void CompressedAllreduce::run_q4_two_phase(Bucket& b, const Segment* source, int num_source,
-                                           uint8_t source_dtype, const Segment* segments,
-                                           int num_segments, DType dtype) {
+void CompressedAllreduce::post_q4_two_phase(Bucket& b, InFlight& f, const Segment* source,
+                                            int num_source, uint8_t source_dtype) {
   const int world = comm_.world_size();
   const int rank = comm_.rank();
-  const uint8_t code = static_cast<uint8_t>(dtype);
   const uint64_t slot_bytes = b.q4_slot_bytes;
   const int pieces = b.pieces;
   // Piece p of rank c's chunk: elements [c * chunk + p * piece, ...) of the bucket.
@@ -543,13 +645,9 @@ void CompressedAllreduce::run_q4_two_phase(Bucket& b, const Segment* source, int
     return buffer.get() + slot_bytes * (static_cast<uint64_t>(p) * world + c);
   };
   detail::CollectiveQueue& queue = collectives_for(b);
-  // Whatever stops this bucket, the collectives posted so far finish before their buffers can
-  // be used again.
-  struct Drain {
-    detail::CollectiveQueue& queue;
-    ~Drain() { queue.drain(); }
-  } drain{queue};
-  std::vector<uint64_t> scattered(pieces), gathered(pieces);
+  std::vector<uint64_t> scattered(pieces);
+  f.rest = InFlight::Rest::kQ4TwoPhase;
+  f.tickets.assign(pieces, 0);
 
   auto scatter = [&](int p) {
     for (int c = 0; c < world; ++c) {
@@ -566,7 +664,7 @@ void CompressedAllreduce::run_q4_two_phase(Bucket& b, const Segment* source, int
   };
   // Sum my piece from every rank in fp32, then re-encode it with my own chunk residual (into the
   // piece's send slots, free once its all-to-all is done). A non-finite sum re-encodes to NaN
-  // scales, so the final decode flags it on every rank.
+  // steps, so the final decode flags it on every rank.
   Segment work{b.work.get(), rank * b.chunk, b.chunk};
   auto gather = [&](int p) {
     queue.wait(scattered[p]);
@@ -581,7 +679,7 @@ void CompressedAllreduce::run_q4_two_phase(Bucket& b, const Segment* source, int
     set_residuals(e, b.chunk_residual, b, p * b.piece);
     backend_.q4_encode(e);
     uint8_t* into = slot(b.gathered, p, 0);
-    gathered[p] =
+    f.tickets[p] =
         queue.post([this, send, into, slot_bytes] { comm_.all_gather(send, into, slot_bytes); });
   };
   // Every rank posts the same order: all-to-all 0, then all-to-all p + 1 before allgather p.
@@ -591,15 +689,25 @@ void CompressedAllreduce::run_q4_two_phase(Bucket& b, const Segment* source, int
     gather(p - 1);
   }
   gather(pieces - 1);
-  for (int p = 0; p < pieces; ++p) queue.wait(gathered[p]);
+}
 
+void CompressedAllreduce::finish_q4_two_phase(Bucket& b, InFlight& f) {
+  const int world = comm_.world_size();
+  const uint64_t slot_bytes = b.q4_slot_bytes;
+  const int pieces = b.pieces;
+  auto piece_begin = [&](int c, int p) { return c * b.chunk + p * b.piece; };
+  auto piece_numel = [&](int c, int p) {
+    return std::max<int64_t>(0, std::min(b.piece, chunk_numel(b.numel, b.chunk, c) - p * b.piece));
+  };
+  wait_tickets(f);
   // Every payload is checked before any is decoded, so a bad one leaves the bucket as it was
-  // (and the bucket is still the input of the encodes above until the last of them).
+  // (the bucket was the input of the encodes until the last of them).
   std::vector<const uint8_t*> payloads(static_cast<size_t>(pieces) * world);
   std::vector<int64_t> sizes(payloads.size());
   for (int p = 0; p < pieces; ++p) {
     for (int w = 0; w < world; ++w) {
-      payloads[p * world + w] = slot(b.gathered, p, w);
+      payloads[p * world + w] =
+          b.gathered.get() + slot_bytes * (static_cast<uint64_t>(p) * world + w);
       sizes[p * world + w] = piece_numel(w, p);
     }
   }
@@ -613,11 +721,13 @@ void CompressedAllreduce::run_q4_two_phase(Bucket& b, const Segment* source, int
     check.param = static_cast<uint32_t>(config_.q4.block_size);
     backend_.check_payloads(check);
   }
+  const uint8_t code = static_cast<uint8_t>(f.dtype);
+  const int num_segments = static_cast<int>(f.segments.size());
   for (int p = 0; p < pieces; ++p) {
     for (int w = 0; w < world; ++w) {
       const uint8_t* payload = payloads[p * world + w];
       backend_.q4_decode(q4_decode_params(&payload, 1, slot_bytes, piece_numel(w, p), config_.q4,
-                                          segments, num_segments, code, piece_begin(w, p),
+                                          f.segments.data(), num_segments, code, piece_begin(w, p),
                                           static_cast<float>(world)));
     }
   }
@@ -625,8 +735,10 @@ void CompressedAllreduce::run_q4_two_phase(Bucket& b, const Segment* source, int
 
 detail::CollectiveQueue& CompressedAllreduce::collectives_for(const Bucket& b) {
   if (!collectives_) collectives_ = std::make_unique<detail::CollectiveQueue>();
-  // On a device the stream orders everything; one piece has nothing to overlap with.
-  if (b.pieces > 1 && !backend_.is_cuda() && !collectives_->threaded()) collectives_->start(carry_);
+  // On a device the stream orders everything; a bucket in one piece, when buckets do not
+  // overlap, has nothing to overlap with.
+  const bool overlap = b.pieces > 1 || overlaps_buckets();
+  if (overlap && !backend_.is_cuda() && !collectives_->threaded()) collectives_->start(carry_);
   return *collectives_;
 }
 
@@ -636,7 +748,8 @@ void CompressedAllreduce::blocking(const std::function<void()>& collective) {
   try {
     queue.wait(queue.post(collective));
   } catch (...) {
-    queue.drain();
+    // A bucket in flight must still see the error when it waits for its own collectives.
+    if (in_flight_.empty()) queue.drain();
     throw;
   }
 }
@@ -652,23 +765,34 @@ double CompressedAllreduce::blocked_seconds() const {
   return collectives_ ? collectives_->blocked_seconds() : 0.0;
 }
 
-void CompressedAllreduce::run_q4_one_phase(Bucket& b, const Segment* segments, int num_segments,
-                                           DType dtype) {
-  const int world = comm_.world_size();
-  const uint8_t code = static_cast<uint8_t>(dtype);
+void CompressedAllreduce::post_q4_one_phase(Bucket& b, InFlight& f, const Segment* segments,
+                                            int num_segments) {
+  const uint8_t code = static_cast<uint8_t>(f.dtype);
   Q4EncodeParams e = q4_encode_params(segments, num_segments, code, 0, b.numel, config_.q4,
                                       rng(b, 0), b.send.get());
   set_residuals(e, b.residual, b, 0);
   backend_.q4_encode(e);
-  blocking([&] { comm_.all_gather(b.send.get(), b.gathered.get(), b.slot_bytes); });
-  const std::vector<const uint8_t*> from = slots(b.gathered, b.slot_bytes, world);
-  backend_.q4_decode(q4_decode_params(from.data(), world, b.slot_bytes, b.numel, config_.q4,
-                                      segments, num_segments, code, 0, static_cast<float>(world)));
+  f.rest = InFlight::Rest::kQ4OnePhase;
+  uint8_t* send = b.send.get();
+  uint8_t* into = b.gathered.get();
+  const uint64_t bytes = b.slot_bytes;
+  f.tickets = {
+      collectives_for(b).post([this, send, into, bytes] { comm_.all_gather(send, into, bytes); })};
 }
 
-void CompressedAllreduce::run_topk(Bucket& b, const Segment* segments, int num_segments,
-                                   DType dtype) {
+void CompressedAllreduce::finish_q4_one_phase(Bucket& b, InFlight& f) {
   const int world = comm_.world_size();
+  wait_tickets(f);
+  const std::vector<const uint8_t*> from = slots(b.gathered, b.slot_bytes, world);
+  backend_.q4_decode(q4_decode_params(from.data(), world, b.slot_bytes, b.numel, config_.q4,
+                                      f.segments.data(), static_cast<int>(f.segments.size()),
+                                      static_cast<uint8_t>(f.dtype), 0, static_cast<float>(world)));
+}
+
+void CompressedAllreduce::post_topk(Bucket& b, InFlight& f, const Segment* segments,
+                                    int num_segments) {
+  const int world = comm_.world_size();
+  const DType dtype = f.dtype;
   const TopKRemedies& remedies = config_.remedies;
   TopKEncodeParams e;
   e.segments = segments;
@@ -700,7 +824,7 @@ void CompressedAllreduce::run_topk(Bucket& b, const Segment* segments, int num_s
   }
   if (topk_sends_q4_at(config_, step_)) {
     // Nothing is masked: every coordinate was sent, and the velocity carries the momentum on.
-    run_q4_two_phase(b, e.segments, e.num_segments, e.dtype, segments, num_segments, dtype);
+    post_q4_two_phase(b, f, e.segments, e.num_segments, e.dtype);
     return;
   }
   if (b.chunk_residual[0].get() != nullptr || b.recv.get() != nullptr) {
@@ -734,20 +858,29 @@ void CompressedAllreduce::run_topk(Bucket& b, const Segment* segments, int num_s
   }
   // This step's payloads: smaller than the slots while the warm-up has not reached the ratio.
   const uint64_t step_bytes = topk_payload_bytes(e.capacity, config_.topk.value_dtype);
-  blocking([&] { comm_.all_gather(b.send.get(), b.gathered.get(), step_bytes); });
-  const std::vector<const uint8_t*> from = slots(b.gathered, step_bytes, world);
-  TopKDecodeParams d;
-  d.payloads = from.data();
+  f.rest = InFlight::Rest::kTopK;
+  TopKDecodeParams& d = f.topk;
   d.num_payloads = world;
   d.payload_bytes = step_bytes;
   d.numel = b.numel;
   d.capacity = e.capacity;
   d.value_dtype = e.value_dtype;
-  d.segments = segments;
-  d.num_segments = num_segments;
   d.dtype = static_cast<uint8_t>(dtype);
   d.divisor = static_cast<float>(world);
   d.workspace = b.workspace.get();
+  uint8_t* send = b.send.get();
+  uint8_t* into = b.gathered.get();
+  f.tickets = {collectives_for(b).post(
+      [this, send, into, step_bytes] { comm_.all_gather(send, into, step_bytes); })};
+}
+
+void CompressedAllreduce::finish_topk(Bucket& b, InFlight& f) {
+  wait_tickets(f);
+  TopKDecodeParams d = f.topk;
+  const std::vector<const uint8_t*> from = slots(b.gathered, d.payload_bytes, d.num_payloads);
+  d.payloads = from.data();
+  d.segments = f.segments.data();
+  d.num_segments = static_cast<int>(f.segments.size());
   backend_.topk_decode(d);
 }
 

@@ -20,6 +20,7 @@ void ReductionStats::add(const ReductionStats& o) {
   codec_seconds += o.codec_seconds;
   comm_seconds += o.comm_seconds;
   nonfinite_buckets += o.nonfinite_buckets;
+  overlapped_buckets += o.overlapped_buckets;
   max_queued = std::max(max_queued, o.max_queued);
 }
 
@@ -152,9 +153,10 @@ void BucketEngine::submit(BucketRequest bucket, Done done) {
   GRADCOMP_CHECK(done, "BucketEngine::submit needs a completion callback");
   GRADCOMP_CHECK(bound(), "bucket " << bucket.index << " was submitted before bind()");
   if (queued_) return reduce(bucket, std::move(done));
-  std::function<void()> task = wrapped(
-      [this, bucket = std::move(bucket), done = std::move(done),
-       submitted = std::chrono::steady_clock::now()] { reduce_now(bucket, done, submitted); });
+  std::function<void()> task = wrapped([this, bucket = std::move(bucket), done = std::move(done),
+                                        submitted = std::chrono::steady_clock::now()] {
+    reduce_now(bucket, done, submitted, true);
+  });
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     queue_.push_back(std::move(task));
@@ -168,7 +170,7 @@ void BucketEngine::submit(BucketRequest bucket, Done done) {
 
 void BucketEngine::reduce(const BucketRequest& bucket, Done done) {
   const auto submitted = std::chrono::steady_clock::now();
-  wrapped([&] { reduce_now(bucket, done, submitted); })();
+  wrapped([&] { reduce_now(bucket, done, submitted, false); })();
 }
 
 void BucketEngine::worker_loop() {
@@ -190,32 +192,79 @@ void BucketEngine::worker_loop() {
       task();
     } catch (...) {
     }
+    bool idle;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      idle = queue_.empty();
+    }
+    // A bucket is left in flight only while another is queued, whose task finishes it; one
+    // whose task did not reach the engine must not wait for a bucket that may never come.
+    if (idle) settle_in_flight();
+  }
+}
+
+void BucketEngine::settle_in_flight() {
+  std::pair<Done, std::exception_ptr> completion;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (!in_flight_) return;
+    InFlight f = std::move(*in_flight_);
+    in_flight_.reset();
+    completion = finish_bucket(f.bucket, std::move(f.done), f.timing);
+  }
+  try {
+    completion.first(completion.second);
+  } catch (...) {
   }
 }
 
 void BucketEngine::reduce_now(const BucketRequest& bucket, Done done,
-                              std::chrono::steady_clock::time_point submitted) {
+                              std::chrono::steady_clock::time_point submitted, bool worker) {
+  // Filled as buckets end, so a bucket in flight that ended before an error below still
+  // completes.
   Completions completions;
+  std::exception_ptr error;
   try {
     std::lock_guard<std::mutex> lock(state_mu_);
     BucketTiming timing;
     timing.index = bucket.index;
     timing.submitted = submitted;
     timing.started = std::chrono::steady_clock::now();
-    completions = reduce_locked(bucket, done);
-    timing.finished = std::chrono::steady_clock::now();
-    std::lock_guard<std::mutex> stats_lock(stats_mu_);
-    timeline_.push_back(timing);
+    reduce_locked(bucket, done, timing, worker, completions);
   } catch (...) {
-    if (!done) throw;
-    completions = {{done, std::current_exception()}};
+    error = std::current_exception();
   }
   // Outside the lock: a callback may hand the next bucket in.
-  for (auto& [callback, error] : completions) callback(error);
+  for (auto& [callback, failed] : completions) callback(failed);
+  if (!error) return;
+  if (!done) std::rethrow_exception(error);
+  done(error);
 }
 
-BucketEngine::Completions BucketEngine::reduce_locked(const BucketRequest& b, Done done) {
+void BucketEngine::record_timing(BucketTiming timing) {
+  timing.finished = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> stats_lock(stats_mu_);
+  timeline_.push_back(timing);
+}
+
+std::exception_ptr BucketEngine::failure(const BucketRequest& b, const std::exception& e) {
+  try {
+    fail_bucket(b, e);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+void BucketEngine::reduce_locked(const BucketRequest& b, Done done, BucketTiming timing,
+                                 bool worker, Completions& completions) {
   GRADCOMP_CHECK(comm_ != nullptr, "bucket " << b.index << " reached the engine before bind()");
+  const bool overlap = worker && allreduce_ && allreduce_->overlaps_buckets();
+  // Overlap stays inside a step, and only the worker's reductions overlap.
+  if (in_flight_ && (b.index == 0 || !overlap)) {
+    InFlight f = std::move(*in_flight_);
+    in_flight_.reset();
+    completions.push_back(finish_bucket(f.bucket, std::move(f.done), f.timing));
+  }
   if (b.index == 0 && started_) begin_step();
   started_ = true;
   if (!b.params.empty()) {
@@ -239,11 +288,11 @@ BucketEngine::Completions BucketEngine::reduce_locked(const BucketRequest& b, Do
     GRADCOMP_CHECK(done, "bucket " << b.index << " has no completion callback, but the engine is "
                                    << "holding this step's buckets to reduce the saved layouts");
     held_.push_back(Held{b, std::move(done)});
-    if (!b.is_last) return {};
+    record_timing(timing);
+    if (!b.is_last) return;
     std::vector<Held> held = std::move(held_);
     held_.clear();
     restoring_ = false;
-    Completions completions;
     std::exception_ptr error;
     try {
       try {
@@ -257,9 +306,10 @@ BucketEngine::Completions BucketEngine::reduce_locked(const BucketRequest& b, Do
     }
     restored_.clear();
     for (Held& h : held) completions.emplace_back(std::move(h.done), error);
-    return completions;
+    return;
   }
 
+  if (overlap) return reduce_overlapped(b, std::move(done), timing, completions);
   try {
     if (allreduce_) {
       reduce_segments({Segment{b.data, 0, b.numel}}, b.dtype, b.numel, b.identity);
@@ -280,9 +330,68 @@ BucketEngine::Completions BucketEngine::reduce_locked(const BucketRequest& b, Do
   }
   step_ids_.insert(b.identity);
   if (b.is_last) end_step();
-  Completions completions;
+  record_timing(timing);
   if (done) completions.emplace_back(std::move(done), nullptr);
-  return completions;
+}
+
+void BucketEngine::reduce_overlapped(const BucketRequest& b, Done done, BucketTiming timing,
+                                     Completions& completions) {
+  // Where the stats left off: at the bucket in flight, whose collectives ran meanwhile.
+  const Mark from = in_flight_ ? cursor_ : mark();
+  std::exception_ptr error;
+  try {
+    const Segment whole{b.data, 0, b.numel};
+    allreduce_->begin_allreduce(&whole, 1, b.dtype, b.identity);
+  } catch (const std::exception& e) {
+    error = failure(b, e);
+  }
+  cursor_ = charge(from, ReductionStats{});
+  // The earlier bucket's decode, now that this one's encodes are done and its collectives queued
+  // behind the earlier one's.
+  if (in_flight_) {
+    InFlight f = std::move(*in_flight_);
+    in_flight_.reset();
+    completions.push_back(finish_bucket(f.bucket, std::move(f.done), f.timing));
+  }
+  if (error) {
+    completions.emplace_back(std::move(done), error);
+    return;
+  }
+  bool queued;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    queued = !queue_.empty();
+  }
+  // Left in flight only when the next bucket is already waiting: its begin overlaps this one's
+  // last collectives, and nothing waits for a bucket that has not come.
+  if (queued && !b.is_last) {
+    in_flight_ = InFlight{b, std::move(done), timing};
+    ReductionStats overlapped;
+    overlapped.overlapped_buckets = 1;
+    add_stats(overlapped);
+    return;
+  }
+  completions.push_back(finish_bucket(b, std::move(done), timing));
+  if (b.is_last && !completions.back().second) end_step();
+}
+
+std::pair<BucketEngine::Done, std::exception_ptr> BucketEngine::finish_bucket(
+    const BucketRequest& b, Done done, BucketTiming timing) {
+  const Mark from = cursor_;
+  ReductionStats delta;
+  std::exception_ptr error;
+  try {
+    delta.nonfinite_buckets = allreduce_->finish_allreduce() ? 0 : 1;
+    delta.buckets = 1;
+    delta.uncompressed_bytes = ring_allreduce_bytes(b.numel, b.dtype, comm_->world_size());
+    reduced_this_step_.push_back(b.identity);
+    step_ids_.insert(b.identity);
+  } catch (const std::exception& e) {
+    error = failure(b, e);
+  }
+  cursor_ = charge(from, delta);
+  if (!error) record_timing(timing);
+  return {std::move(done), error};
 }
 
 void BucketEngine::fail_bucket(const BucketRequest& b, const std::exception& e) {
@@ -326,9 +435,7 @@ void BucketEngine::begin_step() {
 
 void BucketEngine::reduce_segments(const std::vector<Segment>& segments, DType dtype, int64_t numel,
                                    uint64_t identity) {
-  const CommCounters before = counters(*comm_, groups_);
-  const double blocked0 = allreduce_->blocked_seconds();
-  const auto t0 = std::chrono::steady_clock::now();
+  const Mark from = mark();
   const int n = static_cast<int>(segments.size());
   bool finite = true;
   if (queued_) {
@@ -337,19 +444,35 @@ void BucketEngine::reduce_segments(const std::vector<Segment>& segments, DType d
     finite = allreduce_->allreduce(segments.data(), n, dtype, identity);
   }
   reduced_this_step_.push_back(identity);
-  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ReductionStats delta;
   delta.buckets = 1;
-  const CommCounters after = counters(*comm_, groups_);
-  delta.bytes_sent = after.bytes - before.bytes;
-  delta.inter_node_bytes = after.inter_node_bytes - before.inter_node_bytes;
   delta.uncompressed_bytes = ring_allreduce_bytes(numel, dtype, comm_->world_size());
-  delta.comm_seconds = after.seconds - before.seconds;
-  // What this thread did not spend in or waiting for collectives: with pieces, collectives run
-  // beside the codec on another thread and the two overlap.
-  delta.codec_seconds = std::max(0.0, total - (allreduce_->blocked_seconds() - blocked0));
   delta.nonfinite_buckets = finite ? 0 : 1;
+  charge(from, delta);
+}
+
+BucketEngine::Mark BucketEngine::mark() const {
+  const CommCounters c = counters(*comm_, groups_);
+  Mark m;
+  m.bytes = c.bytes;
+  m.inter_node_bytes = c.inter_node_bytes;
+  m.comm_seconds = c.seconds;
+  m.blocked_seconds = allreduce_ ? allreduce_->blocked_seconds() : 0.0;
+  m.at = std::chrono::steady_clock::now();
+  return m;
+}
+
+BucketEngine::Mark BucketEngine::charge(const Mark& from, ReductionStats delta) {
+  const Mark now = mark();
+  delta.bytes_sent += now.bytes - from.bytes;
+  delta.inter_node_bytes += now.inter_node_bytes - from.inter_node_bytes;
+  delta.comm_seconds += now.comm_seconds - from.comm_seconds;
+  // What this thread did not spend in or waiting for collectives: with pieces or overlapped
+  // buckets, collectives run beside the codec on another thread and the two overlap.
+  const double total = std::chrono::duration<double>(now.at - from.at).count();
+  delta.codec_seconds += std::max(0.0, total - (now.blocked_seconds - from.blocked_seconds));
   add_stats(delta);
+  return now;
 }
 
 void BucketEngine::add_stats(const ReductionStats& delta) {
@@ -491,7 +614,7 @@ void BucketEngine::check_state(const EngineState& s) const {
 void BucketEngine::load_state(EngineState s) {
   std::lock_guard<std::mutex> lock(state_mu_);
   check_state(s);
-  GRADCOMP_CHECK(!restoring_ && held_.empty(),
+  GRADCOMP_CHECK(!restoring_ && held_.empty() && !in_flight_,
                  "load_state while the engine holds a step's buckets (call it between steps)");
   restored_.clear();
   for (auto& [id, layout] : s.layouts) {

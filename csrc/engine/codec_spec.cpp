@@ -29,6 +29,7 @@ EngineOptions engine_options(const CodecSpec& codec) {
     c.remedies.momentum = topk->momentum;
     c.remedies.momentum_masking = topk->momentum_masking;
     c.remedies.clip_norm = topk->clip_norm;
+    c.piece_numel = topk->piece_numel;
   } else {
     o.compress = false;
     c.error_feedback = false;

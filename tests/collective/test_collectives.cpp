@@ -540,7 +540,7 @@ TEST(Hierarchical, NonFiniteInOneShardReachesEveryRankAndKeepsEveryResidual) {
   for (const Variant& v : variants()) {
     testing::NodeGrid grid(2, 2);
     std::vector<int> finite(4, -1);
-    std::vector<bool> any_nonfinite(4), state_kept(4);
+    std::vector<char> any_nonfinite(4), state_kept(4);  // not vector<bool>: ranks write at once
     testing::run_grid(grid, [&](int rank, NodeGroups groups) {
       auto backend = make_cpu_backend();
       CompressedAllreduce engine(groups, *backend, v.config);
@@ -642,8 +642,7 @@ TEST(Collectives, NonFiniteOnOneRankReachesEveryRankAndKeepsResiduals) {
   for (const Variant& v : variants()) {
     InProcessGroup group(2);
     std::vector<int> finite(2);
-    std::vector<bool> any_nonfinite(2);
-    std::vector<bool> state_kept(2);
+    std::vector<char> any_nonfinite(2), state_kept(2);  // not vector<bool>: ranks write at once
     run_ranks(group, [&](int rank, Communicator& comm) {
       auto backend = make_cpu_backend();
       CompressedAllreduce engine(comm, *backend, v.config);
@@ -676,7 +675,7 @@ TEST(Collectives, NonFiniteOnOneRankReachesEveryRankAndKeepsResiduals) {
 TEST(Collectives, QueuedReductionsEqualAllreduceAndCountNonFiniteBuckets) {
   for (const Variant& v : variants()) {
     InProcessGroup group(2);
-    std::vector<bool> same(2, false);
+    std::vector<char> same(2, 0);  // not vector<bool>: ranks write at once
     std::vector<uint64_t> counted(2, 0), polled(2, 0);
     run_ranks(group, [&](int rank, Communicator& comm) {
       auto backend_a = make_cpu_backend(), backend_b = make_cpu_backend();

@@ -15,7 +15,8 @@ struct Q4 {
   bool error_feedback = true;
   DType residual_dtype = DType::kFloat32;
   uint64_t seed = 0;
-  // Two-phase: elements per pipeline piece (CompressionConfig::piece_numel; 0: one piece).
+  // Two-phase: elements per pipeline piece, and consecutive buckets overlapped
+  // (CompressionConfig::piece_numel; 0: each bucket whole, one after another).
   int64_t piece_numel = CompressionConfig::kDefaultPieceNumel;
 };
 
@@ -36,6 +37,9 @@ struct TopK {
   float momentum = 0.0f;
   bool momentum_masking = true;
   float clip_norm = 0.0f;
+  // The q4 warm-up's pipeline pieces, and consecutive buckets overlapped (as Q4's; 0: each
+  // bucket whole, one after another).
+  int64_t piece_numel = CompressionConfig::kDefaultPieceNumel;
 };
 
 // A plain averaging allreduce through the same path, for A/B runs.

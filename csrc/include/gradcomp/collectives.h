@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <vector>
@@ -58,7 +59,8 @@ struct CompressionConfig {
   // the next piece is encoded while one is on the wire, its mean re-encoded while later ones
   // are. The result is the same for any piece size (blocks and random bits are keyed by the
   // element's place in the bucket); each piece adds one payload header per rank and phase.
-  // 0: the bucket in one piece.
+  // Non-zero also lets consecutive buckets overlap (CompressedAllreduce::overlaps_buckets).
+  // 0: each bucket in one piece, one after another.
   static constexpr int64_t kDefaultPieceNumel = int64_t{1} << 21;
   int64_t piece_numel = kDefaultPieceNumel;
   void validate() const;
@@ -137,6 +139,19 @@ class CompressedAllreduce {
   void enqueue_allreduce(const Segment* segments, int num_segments, DType dtype,
                          uint64_t bucket_id);
 
+  // The same reduction in two halves, so consecutive buckets overlap (overlaps_buckets(): host
+  // memory, the flat scheme, piece_numel != 0): begin_allreduce encodes the bucket and posts its
+  // collectives, returning before the last of them finish, and the next bucket's encode runs
+  // while they are on the wire; finish_allreduce waits for the oldest begun bucket, decodes it
+  // and returns what allreduce returns. At most two buckets are begun and unfinished (one
+  // without overlap). Every rank begins the same buckets in the same order; when each finishes
+  // them is its own. A bucket whose begin throws is not begun. The result is the same bytes as
+  // allreduce's.
+  bool overlaps_buckets() const;
+  void begin_allreduce(const Segment* segments, int num_segments, DType dtype, uint64_t bucket_id);
+  bool finish_allreduce();
+  int in_flight() const;
+
   // Waits for queued reductions. Throws Error if a decode rejected a payload; returns how many
   // buckets came out non-finite since the last call.
   uint64_t synchronize();
@@ -174,16 +189,26 @@ class CompressedAllreduce {
   struct Bucket;
   Bucket& bucket_for(const Segment* segments, int num_segments, DType dtype, uint64_t bucket_id);
   void check_layout(const Bucket& b, uint64_t bucket_id);
-  // The compressed exchange of a bucket, or of this rank's shard of it, over comm_.
-  void run_compressed(Bucket& b, const Segment* segments, int num_segments, DType dtype);
+  struct InFlight;
+  // Runs the bucket's encodes and posts its collectives (flat), or reduces it whole up to
+  // end_bucket (hierarchical); the decode and end_bucket are finish_front()'s.
+  void finish_front();
+  void reduce_hierarchical(Bucket& b, const Segment* segments, int num_segments, DType dtype);
+  // The compressed exchange of a bucket, or of this rank's shard of it, over comm_: post_* encodes
+  // and posts the collectives, finish_* waits for them and decodes the mean into f.segments.
+  void post_compressed(Bucket& b, InFlight& f, const Segment* segments, int num_segments);
+  void finish_compressed(Bucket& b, InFlight& f);
   // Keeps or adopts the bucket's candidate residuals as the result's non-finite flag says.
   void end_bucket(Bucket& b);
-  // Encodes `source` (the bucket itself, or top-k's accumulated gradient) and decodes the mean
-  // into `segments`.
-  void run_q4_two_phase(Bucket& b, const Segment* source, int num_source, uint8_t source_dtype,
-                        const Segment* segments, int num_segments, DType dtype);
-  void run_q4_one_phase(Bucket& b, const Segment* segments, int num_segments, DType dtype);
-  void run_topk(Bucket& b, const Segment* segments, int num_segments, DType dtype);
+  // Encodes `source` (the bucket itself, or top-k's accumulated gradient).
+  void post_q4_two_phase(Bucket& b, InFlight& f, const Segment* source, int num_source,
+                         uint8_t source_dtype);
+  void finish_q4_two_phase(Bucket& b, InFlight& f);
+  void post_q4_one_phase(Bucket& b, InFlight& f, const Segment* segments, int num_segments);
+  void finish_q4_one_phase(Bucket& b, InFlight& f);
+  void post_topk(Bucket& b, InFlight& f, const Segment* segments, int num_segments);
+  void finish_topk(Bucket& b, InFlight& f);
+  void wait_tickets(const InFlight& f);
   // Points a q4 encode at the bucket's committed residual (in) and candidate (out), `offset`
   // elements in; nothing without error feedback.
   void set_residuals(Q4EncodeParams& e, detail::BackendBuffer* residual, const Bucket& b,
@@ -193,6 +218,8 @@ class CompressedAllreduce {
   detail::CollectiveQueue& collectives_for(const Bucket& b);
   // Runs one collective and waits for it, counted as blocked time.
   void blocking(const std::function<void()>& collective);
+  // Waits for every posted collective and forgets their errors (their buffers are free).
+  void drain_collectives() noexcept;
 
   Communicator& comm_;            // all ranks (flat) or the inter-node group
   Communicator* node_ = nullptr;  // the intra-node group of a hierarchical reduction
@@ -204,6 +231,8 @@ class CompressedAllreduce {
   CompressionState pending_;  // loaded state for buckets not yet seen
   std::function<std::function<void()>(std::function<void()>)> carry_;
   std::unique_ptr<detail::CollectiveQueue> collectives_;
+  // Begun buckets, oldest first (a list: InFlight is incomplete here).
+  std::list<InFlight> in_flight_;
 };
 
 }  // namespace gradcomp

@@ -1,6 +1,7 @@
 // The transport the collectives are written against: all-to-all, allgather, a plain allreduce.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -39,10 +40,10 @@ class Communicator {
 
   // Bytes this rank has put on the wire (its own slot is not counted; a plain allreduce counts
   // as ring_allreduce_bytes).
-  uint64_t bytes_sent() const { return bytes_sent_; }
+  uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
   // Host seconds spent in the calls above; on a transport that only queues work on a stream,
   // the time to queue it.
-  double seconds() const { return seconds_; }
+  double seconds() const { return seconds_.load(std::memory_order_relaxed); }
 
  protected:
   virtual void run_all_to_all(const void* send, void* recv, size_t bytes_per_rank) = 0;
@@ -55,8 +56,11 @@ class Communicator {
   template <typename F>
   void run(const char* collective, uint64_t bytes, F&& f);
 
-  uint64_t bytes_sent_ = 0;
-  double seconds_ = 0;
+  // One thread runs a transport's collectives at a time; others read the counters while it does
+  // (the engine, during pipelined reductions).
+  void count_bytes(uint64_t bytes);
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<double> seconds_{0};
 };
 
 }  // namespace gradcomp

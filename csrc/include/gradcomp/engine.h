@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
@@ -56,6 +57,9 @@ struct ReductionStats {
   double codec_seconds = 0;         // encode + decode: the time outside the collectives
   double comm_seconds = 0;
   uint64_t nonfinite_buckets = 0;
+  // Buckets left in flight while the next one was encoded (overlapped buckets: their decode ran
+  // during the next bucket's collectives).
+  uint64_t overlapped_buckets = 0;
   uint64_t max_queued = 0;  // most buckets waiting for the worker at once (a gauge, not a sum)
   void add(const ReductionStats& other);
 };
@@ -150,12 +154,41 @@ class BucketEngine {
     BucketRequest bucket;
     Done done;
   };
+  // A bucket begun and left in flight while the worker begins the next one (overlapped buckets):
+  // its decode and completion come with the next bucket's reduction.
+  struct InFlight {
+    BucketRequest bucket;
+    Done done;
+    BucketTiming timing;
+  };
+  // The counters a reduction's stats are the difference of.
+  struct Mark {
+    uint64_t bytes = 0, inter_node_bytes = 0;
+    double comm_seconds = 0, blocked_seconds = 0;
+    std::chrono::steady_clock::time_point at;
+  };
   using Completions = std::vector<std::pair<Done, std::exception_ptr>>;
 
+  // `worker`: called by the worker thread, which may leave the bucket in flight.
   void reduce_now(const BucketRequest& bucket, Done done,
-                  std::chrono::steady_clock::time_point submitted);
-  // Returns the buckets whose `done` must run once the lock is released.
-  Completions reduce_locked(const BucketRequest& bucket, Done done);
+                  std::chrono::steady_clock::time_point submitted, bool worker);
+  // Adds the buckets whose `done` must run once the lock is released to `completions`; throws
+  // the error of `bucket` itself.
+  void reduce_locked(const BucketRequest& bucket, Done done, BucketTiming timing, bool worker,
+                     Completions& completions);
+  void reduce_overlapped(const BucketRequest& bucket, Done done, BucketTiming timing,
+                         Completions& completions);
+  // Decodes the oldest begun bucket; returns its completion.
+  std::pair<Done, std::exception_ptr> finish_bucket(const BucketRequest& bucket, Done done,
+                                                    BucketTiming timing);
+  // Finishes the bucket in flight, if any (the worker, when nothing else is queued).
+  void settle_in_flight();
+  // The error fail_bucket would throw, as a value.
+  std::exception_ptr failure(const BucketRequest& b, const std::exception& e);
+  Mark mark() const;
+  // Adds what happened since `from` to `delta` and the stats; returns where it left off.
+  Mark charge(const Mark& from, ReductionStats delta);
+  void record_timing(BucketTiming timing);
   void begin_step();
   void check_state(const EngineState& state) const;
   [[noreturn]] void fail_bucket(const BucketRequest& b, const std::exception& e);
@@ -189,6 +222,8 @@ class BucketEngine {
   std::map<uint64_t, BucketLayout> restored_;  // from load_state, until the next step starts
   bool restoring_ = false;                     // this step's buckets are held back
   std::vector<Held> held_;
+  std::optional<InFlight> in_flight_;
+  Mark cursor_;  // where the stats left off when in_flight_ was begun
 
   // Taken after the state lock, never held for long: stats are read while a reduction runs.
   mutable std::mutex stats_mu_;

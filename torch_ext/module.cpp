@@ -1,4 +1,5 @@
 // gradcomp._C: Python bindings for the DDP hook and its install on DDP's reducer.
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/extension.h>
 
@@ -55,6 +56,7 @@ CodecSpec parse_codec(const py::dict& d) {
     topk.momentum = d["momentum"].cast<float>();
     topk.momentum_masking = d["momentum_masking"].cast<bool>();
     topk.clip_norm = d["clip_norm"].cast<float>();
+    topk.piece_numel = d["piece_numel"].cast<int64_t>();
     return topk;
   }
   GRADCOMP_TORCH_CHECK(codec == "none", "unknown codec '", codec, "'");
@@ -95,6 +97,7 @@ py::dict stats_dict(const ReductionStats& s) {
   d["codec_seconds"] = s.codec_seconds;
   d["comm_seconds"] = s.comm_seconds;
   d["nonfinite_buckets"] = s.nonfinite_buckets;
+  d["overlapped_buckets"] = s.overlapped_buckets;
   d["max_queued"] = s.max_queued;
   return d;
 }
@@ -132,7 +135,10 @@ PYBIND11_MODULE(_C, m) {
   using gradcomp::DType;
   using gradcomp::EngineState;
   m.doc() = "gradcomp C++ extension: compressed DDP communication hook and codec ops";
-  py::class_<DdpHook, std::shared_ptr<DdpHook>>(m, "DdpHook")
+  // Destroyed without the GIL: the destructor joins the worker, which may be finishing a bucket
+  // whose future runs (or drops) a Python callback of the standard route's then(), and needs it.
+  py::class_<DdpHook, std::shared_ptr<DdpHook>>(m, "DdpHook",
+                                                py::release_gil_before_calling_cpp_dtor())
       .def(py::init([](py::object group, const py::dict& options, py::object intra_node,
                        py::object inter_node, const std::string& shm_name) {
              auto pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
@@ -155,6 +161,19 @@ PYBIND11_MODULE(_C, m) {
             py::gil_scoped_release release;
             hook.reduce(bucket, index, id, is_last);
             return bucket;
+          },
+          py::arg("bucket"), py::arg("index"), py::arg("param_shapes"), py::arg("is_last") = false)
+      .def(
+          "submit_bucket",
+          [](DdpHook& hook, at::Tensor bucket, int64_t index,
+             const std::vector<std::vector<int64_t>>& shapes, bool is_last) {
+            const uint64_t id = ddp_bucket_identity(index, bucket, shapes);
+            c10::intrusive_ptr<c10::ivalue::Future> future;
+            {
+              py::gil_scoped_release release;
+              future = hook.submit(bucket, index, id, is_last, {});
+            }
+            return std::make_shared<torch::jit::PythonFutureWrapper>(std::move(future));
           },
           py::arg("bucket"), py::arg("index"), py::arg("param_shapes"), py::arg("is_last") = false)
       .def("last_step_stats",

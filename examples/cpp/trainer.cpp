@@ -7,8 +7,9 @@
 // (top-k with DGC's momentum correction, clipping and warm-up; the optimizer is then SGD without
 // momentum) | none (GradSync without compression) | allreduce (no gradcomp: one blocking allreduce
 // per gradient after backward, what C++ programs do without it). --local-world-size L: L ranks
-// per node, uncompressed inside a node and compressed between nodes. --piece-numel N: q4's
-// pipeline pieces (0: each bucket in one piece). The other flags serve the
+// per node, uncompressed inside a node and compressed between nodes. --piece-numel N: the
+// pipeline's pieces and the overlap of consecutive buckets (0: each bucket whole, one after
+// another). The other flags serve the
 // tests and benchmarks: checkpoints, gradient dumps, no_sync accumulation, unused parameters, step
 // timing.
 #include <gradcomp/torch.h>
@@ -122,6 +123,7 @@ gradcomp::CodecSpec codec_spec(const Flags& f) {
     gradcomp::TopK topk;
     topk.ratio = f.real("ratio", 0.01);
     topk.seed = seed;
+    topk.piece_numel = f.num("piece-numel", topk.piece_numel);
     return topk;
   }
   if (codec == "topk-q4warmup") {
@@ -129,6 +131,7 @@ gradcomp::CodecSpec codec_spec(const Flags& f) {
     gradcomp::TopK topk;
     topk.ratio = f.real("ratio", 0.01);
     topk.seed = seed;
+    topk.piece_numel = f.num("piece-numel", topk.piece_numel);
     topk.warmup = gradcomp::TopKWarmup::kQ4;
     topk.warmup_steps = static_cast<uint32_t>(f.num("q4-warmup", 2));
     return topk;
@@ -137,6 +140,7 @@ gradcomp::CodecSpec codec_spec(const Flags& f) {
     gradcomp::TopK topk;
     topk.ratio = f.real("ratio", 0.01);
     topk.seed = seed;
+    topk.piece_numel = f.num("piece-numel", topk.piece_numel);
     topk.momentum = 0.9f;
     topk.clip_norm = static_cast<float>(f.real("clip-norm", 5.0));
     topk.warmup_steps = static_cast<uint32_t>(f.num("sparsity-warmup", 2));

@@ -27,6 +27,12 @@ def _check_seed(seed: int) -> None:
            f"seed must be an int in [0, 2**64), got {seed!r}")
 
 
+def _check_piece_numel(piece_numel: int, codec: str) -> None:
+    _check(isinstance(piece_numel, int) and not isinstance(piece_numel, bool)
+           and 0 <= piece_numel <= 2**31,
+           f"{codec} piece_numel must be an int in [0, 2**31] (0: each bucket whole), got {piece_numel!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Q4:
     """4-bit block quantization: one fp32 step per ``block_size`` elements, codes in [-7, 7].
@@ -36,7 +42,8 @@ class Q4:
     ``error_feedback`` keeps what was dropped and adds it to the next step's gradient;
     ``residual_dtype`` is torch.float32 or torch.bfloat16. ``piece_numel``: two-phase runs a
     bucket as pieces of about this many elements, encoding the next piece while one is on the
-    wire (the result is the same for any size; 0: the bucket in one piece).
+    wire, and on the CPU the next bucket is encoded while this one's last pieces are on the wire
+    (the result is the same for any size; 0: each bucket whole, one after another).
     """
 
     block_size: int = 64
@@ -59,9 +66,7 @@ class Q4:
         _check(isinstance(self.error_feedback, bool), "Q4 error_feedback must be a bool")
         _dtype_name(self.residual_dtype, "Q4 residual_dtype", (torch.float32, torch.bfloat16))
         _check_seed(self.seed)
-        _check(isinstance(self.piece_numel, int) and not isinstance(self.piece_numel, bool)
-               and 0 <= self.piece_numel <= 2**31,
-               f"Q4 piece_numel must be an int in [0, 2**31] (0: one piece), got {self.piece_numel!r}")
+        _check_piece_numel(self.piece_numel, "Q4")
 
     def _options(self) -> dict:
         return {"codec": "q4", "block_size": self.block_size, "rounding": self.rounding,
@@ -86,6 +91,9 @@ class TopK:
     the optimizer must be SGD with ``momentum=0`` (``gradcomp.check_optimizer``).
     ``momentum_masking``: sent coordinates are cleared from the velocity too. ``clip_norm``:
     each rank clips a bucket's gradient to a norm of ``clip_norm / sqrt(world_size)`` first.
+    ``piece_numel``: as Q4's, for the q4 warm-up's pieces and the overlap of consecutive buckets
+    (on the CPU, a bucket's selection runs while the one before is on the wire; 0: each bucket
+    whole, one after another).
     """
 
     ratio: float = 0.01
@@ -100,6 +108,7 @@ class TopK:
     momentum: float = 0.0
     momentum_masking: bool = True
     clip_norm: float = 0.0
+    piece_numel: int = _C.q4_default_piece_numel
 
     def __post_init__(self):
         _check(isinstance(self.ratio, (int, float)) and not isinstance(self.ratio, bool)
@@ -123,6 +132,7 @@ class TopK:
                f"TopK clip_norm must be a finite number >= 0 (0: off), got {self.clip_norm!r}")
         _check(self.momentum == 0 or self.error_feedback,
                "TopK momentum correction needs error_feedback=True")
+        _check_piece_numel(self.piece_numel, "TopK")
 
     def _options(self) -> dict:
         return {"codec": "topk", "ratio": float(self.ratio), "exact": self.exact,
@@ -131,7 +141,7 @@ class TopK:
                 "warmup_steps": self.warmup_steps, "warmup_stages": self.warmup_stages,
                 "warmup": self.warmup,
                 "momentum": float(self.momentum), "momentum_masking": self.momentum_masking,
-                "clip_norm": float(self.clip_norm)}
+                "clip_norm": float(self.clip_norm), "piece_numel": self.piece_numel}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -229,9 +229,9 @@ class HookState(Hook):
 def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: averages ``bucket`` over the ranks with gradcomp, in place."""
     native = state._ensure_native()
-    buffer = bucket.buffer()
     shapes = [list(p.shape) for p in bucket.parameters()]
-    native.reduce_bucket(buffer, bucket.index(), shapes, bucket.is_last())
-    future = torch.futures.Future()
-    future.set_result(buffer)
-    return future
+    # Queued as the registered hook queues it: the future completes when the bucket is averaged.
+    # DDP's Python hooks must return a future of a Python object, hence the then(), as PyTorch's
+    # own hooks do.
+    reduced = native.submit_bucket(bucket.buffer(), bucket.index(), shapes, bucket.is_last())
+    return reduced.then(lambda done: done.value())

@@ -1,13 +1,15 @@
 """Per-rank bodies of the tests through DDP: routes, options, rebuilt buckets, AMP, profiler."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn as nn
 
 import gradcomp
 import gradcomp.torch as gt
 
-from workers_common import MLP, UsedInReverse, flat, train, train_ddp
+from workers_common import MLP, UsedInReverse, codec, flat, train, train_ddp
 
 
 def no_compression_matches_ddp(rank, world):
@@ -162,3 +164,37 @@ def profiler_sees_phases(rank, world):
     threads = lambda name: {e.thread for e in prof.events() if e.name == name}
     assert not threads("gradcomp::all_to_all") & threads("gradcomp::q4_encode"), "collectives on the codec's thread"
     return True
+
+
+def overlapped_buckets_equal_one_at_a_time(rank, world, codec_name, route):
+    """Buckets that overlap (the default) train the very same weights as one bucket at a time."""
+    spec = codec(codec_name)
+    models, hooks, opts = [], [], []
+    for piece_numel in (spec.piece_numel, 0):
+        torch.manual_seed(0)
+        # A wide middle layer: its bucket's encode takes long enough for the next bucket to queue.
+        ddp = nn.parallel.DistributedDataParallel(MLP(dims=(64, 1024, 1024, 1024, 10)), bucket_cap_mb=1)
+        variant = dataclasses.replace(spec, piece_numel=piece_numel)
+        if route == "register":
+            hook = gt.register(ddp, variant)
+        else:
+            hook = gt.HookState(variant)
+            ddp.register_comm_hook(hook, gt.comm_hook)
+        models.append(ddp)
+        hooks.append(hook)
+        opts.append(torch.optim.SGD(ddp.parameters(), lr=0.05))
+    for step in range(6):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
+        for ddp, opt in zip(models, opts):
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        a, b = flat(models[0]), flat(models[1])
+        assert torch.equal(a, b), f"step {step}: overlapped buckets differ, max {(a - b).abs().max().item()}"
+    overlapped, sequential = (h.stats()["total"] for h in hooks)
+    assert sequential["overlapped_buckets"] == 0, sequential
+    # (Bytes may differ: piece_numel=0 also sends a bucket in one piece, without the pieces' headers.)
+    assert overlapped["buckets"] == sequential["buckets"] > 0, (overlapped, sequential)
+    assert hooks[0].stats()["step"]["buckets"] >= 3, hooks[0].stats()["step"]
+    return overlapped["overlapped_buckets"]

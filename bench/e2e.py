@@ -26,8 +26,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 NETNS = "gradcomp-bench"
 PYTHON_METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4", "gradcomp-q4-1piece",
-                  "gradcomp-topk")
+                  "gradcomp-topk", "gradcomp-topk-sequential")
 CPP_METHODS = ("cpp-allreduce", "cpp-gradsync-q4")
+TRACED = ("gradcomp-q4", "gradcomp-q4-1piece", "gradcomp-topk", "gradcomp-topk-sequential")
 METHODS = PYTHON_METHODS + CPP_METHODS
 CPP_BIN = os.path.join(HERE, "..", "build", "example-cpp", "throughput")
 
@@ -123,7 +124,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket cap, the same for every method")
     ap.add_argument("--trace", action="store_true",
-                    help="profile one more step of gradcomp-q4 and gradcomp-topk at the first rate (bench/timeline.py)")
+                    help="profile one more step of the methods in TRACED at the first rate (bench/timeline.py)")
     args = ap.parse_args()
     if args.quick:
         args.world, args.gbps, args.steps, args.warmup, args.digits_epochs = "2", "1", 8, 2, 5
@@ -166,7 +167,7 @@ def main():
                     done += 1
                     print(f"[{done}/{total}] W={world} {gbps:g} Gbit/s {method}", flush=True)
                     trace = []
-                    if args.trace and gbps == rates[0] and method in ("gradcomp-q4", "gradcomp-q4-1piece", "gradcomp-topk"):
+                    if args.trace and gbps == rates[0] and method in TRACED:
                         trace = ["--trace", os.path.join(args.out, f"trace_{method}_w{world}_{gbps:g}g")]
                     r = run_ranks(link, "throughput", method, world, extra + trace, args.timeout,
                                   cpp_bin=args.cpp_bin)
@@ -201,16 +202,16 @@ def print_table(results):
         bf16 = base.get("bf16-hook", {}).get("step_s")
         limit = results["limit"].get(str(world), {}).get("step_s")
         print(f"\nW={world}, {gbps:g} Gbit/s per node" + (f", limit (no communication) {limit * 1e3:.0f} ms/step" if limit else ""))
-        print(f"{'method':16s} {'step ms':>9s} {'bytes/step/rank':>16s} {'vs fp32':>8s} {'vs bf16':>8s} {'vs limit':>9s} {'codec ms':>9s}")
+        print(f"{'method':24s} {'step ms':>9s} {'bytes/step/rank':>16s} {'vs fp32':>8s} {'vs bf16':>8s} {'vs limit':>9s} {'codec ms':>9s}")
         for r in group:
             if not r.get("ok"):
-                print(f"{r['method']:16s} failed: {r.get('error', '?')}")
+                print(f"{r['method']:24s} failed: {r.get('error', '?')}")
                 continue
             s = r["step_s"]
             vs = lambda b: f"{b / s:7.2f}x" if b else "      -"
             codec = f"{r['codec_s'] * 1e3:9.0f}" if r.get("codec_s") is not None else "        -"
             name = r["method"] + (" (1 bucket)" if r["method"] in ("powersgd-r4", "quant-pertensor") else "")
-            print(f"{name:16s} {s * 1e3:9.0f} {fmt_bytes(r['bytes_per_step_per_rank']):>16s} {vs(fp32):>8s} "
+            print(f"{name:24s} {s * 1e3:9.0f} {fmt_bytes(r['bytes_per_step_per_rank']):>16s} {vs(fp32):>8s} "
                   f"{vs(bf16):>8s} {s / limit if limit else float('nan'):8.2f}x {codec}")
         cpp_loop, cpp_q4, hook = (base.get(m, {}).get("step_s") for m in ("cpp-allreduce", "cpp-gradsync-q4",
                                                                           "gradcomp-q4"))
@@ -224,9 +225,9 @@ def print_table(results):
         print("\ndigits (2 ranks): final test accuracy, wall time")
         for r in results["digits"]:
             if r.get("ok"):
-                print(f"{r['method']:16s} {r['final_accuracy']:.4f}  {r['curve'][-1][0]:6.1f} s")
+                print(f"{r['method']:24s} {r['final_accuracy']:.4f}  {r['curve'][-1][0]:6.1f} s")
             else:
-                print(f"{r['method']:16s} failed: {r.get('error', '?')}")
+                print(f"{r['method']:24s} failed: {r.get('error', '?')}")
 
 
 def step_time_bars(plt, rows, methods, config_of, limit_of, label_of, title, path, log=False):

@@ -14,7 +14,8 @@ import torch.nn as nn
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
 METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4", "gradcomp-topk",
-           "gradcomp-q4-hier", "gradcomp-topk-hier", "gradcomp-q4-1piece", "gradcomp-q4-hier-1piece")
+           "gradcomp-q4-hier", "gradcomp-topk-hier", "gradcomp-q4-1piece", "gradcomp-q4-hier-1piece",
+           "gradcomp-topk-sequential")
 # PowerSGD and the quantization hook issue Gloo collectives from future callbacks on another
 # thread; with several buckets the ranks' collective order then diverges and Gloo aborts
 # ("Received data size doesn't match"). They run with one bucket so that they run at all.
@@ -60,8 +61,10 @@ def install(method: str, ddp, gt, gradcomp, local_world_size=1):
         return gt.register(ddp, gradcomp.TopK(ratio=0.01))
     elif method == "gradcomp-q4-hier":
         return gt.register(ddp, gradcomp.Q4(), local_world_size=local_world_size)
-    elif method == "gradcomp-q4-1piece":  # each bucket in one piece: no overlap inside a bucket
+    elif method == "gradcomp-q4-1piece":  # each bucket in one piece, one bucket after another
         return gt.register(ddp, gradcomp.Q4(piece_numel=0))
+    elif method == "gradcomp-topk-sequential":  # top-k has no pieces: only the buckets' overlap is off
+        return gt.register(ddp, gradcomp.TopK(ratio=0.01, piece_numel=0))
     elif method == "gradcomp-q4-hier-1piece":
         return gt.register(ddp, gradcomp.Q4(piece_numel=0), local_world_size=local_world_size)
     elif method == "gradcomp-topk-hier":

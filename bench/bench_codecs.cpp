@@ -178,6 +178,53 @@ void BM_TopKEncode(benchmark::State& state) {
   report(state, 12.0 * n + static_cast<double>(payload.size()));
 }
 
+// Args: elements, W. The mean of W payloads of 1 % each (ranks select different elements), as
+// the top-k allreduce decodes its allgather.
+void BM_TopKDecode(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const int world = static_cast<int>(state.range(1));
+  TopKOptions o;
+  const int64_t k = topk_k(n, o.ratio), cap = topk_capacity(n, o);
+  const size_t payload_bytes = topk_payload_bytes(cap, DType::kFloat32);
+  std::vector<std::vector<uint8_t>> payloads(world, std::vector<uint8_t>(payload_bytes));
+  std::vector<float> workspace(cpu::topk_workspace_bytes(n) / 4);
+  for (int w = 0; w < world; ++w) {
+    std::mt19937 gen(100 + w);
+    std::normal_distribution<float> dist;
+    std::vector<float> input(n);
+    for (float& v : input) v = dist(gen);
+    Segment seg{input.data(), 0, n};
+    TopKEncodeParams e;
+    e.segments = &seg;
+    e.num_segments = 1;
+    e.numel = n;
+    e.k = k;
+    e.capacity = static_cast<uint32_t>(cap);
+    e.payload = payloads[w].data();
+    e.workspace = workspace.data();
+    cpu::topk_encode(e);
+  }
+  std::vector<const uint8_t*> ptrs;
+  for (const auto& payload : payloads) ptrs.push_back(payload.data());
+  std::vector<float> out(n);
+  Segment oseg{out.data(), 0, n};
+  TopKDecodeParams d;
+  d.payloads = ptrs.data();
+  d.num_payloads = world;
+  d.payload_bytes = payload_bytes;
+  d.numel = n;
+  d.capacity = static_cast<uint32_t>(cap);
+  d.segments = &oseg;
+  d.num_segments = 1;
+  d.divisor = static_cast<float>(world);
+  d.workspace = workspace.data();
+  for (auto _ : state) {
+    cpu::topk_decode(d);
+    benchmark::DoNotOptimize(out.data());
+  }
+  report(state, static_cast<double>(payload_bytes) * world + 4.0 * n);
+}
+
 // Relative L2 error and payload bits per element of q4 for each block size (not a speed test:
 // the numbers behind the default block size in docs/algorithms.md).
 void BM_Q4BlockSizeError(benchmark::State& state) {
@@ -246,6 +293,12 @@ BENCHMARK(BM_TopKEncode)
     ->ArgNames({"n", "exact"})
     ->Args({kN, 1})
     ->Args({kN, 0})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_TopKDecode)
+    ->ArgNames({"n", "W"})
+    ->Args({kN, 2})
+    ->Args({kN, 8})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Q4BlockSizeError)

@@ -77,6 +77,28 @@ class SegmentView {
     });
   }
 
+  // Writes `value`, rounded to the view's dtype, to elements [first, first + n).
+  void fill(int64_t first, int64_t n, float value) const {
+    for_runs(first, n, [&](const Segment& s, int64_t local, int64_t, int64_t len) {
+      if (dtype_ == math::kDtypeF32) {
+        float* out = static_cast<float*>(s.data) + local;
+        std::fill(out, out + len, value);
+      } else {
+        const uint16_t bits =
+            dtype_ == math::kDtypeF16 ? math::float_to_half(value) : math::float_to_bf16(value);
+        uint16_t* out = static_cast<uint16_t*>(s.data) + local;
+        std::fill(out, out + len, bits);
+      }
+    });
+  }
+
+  // Writes one fp32 value to element `index`, rounding to the view's dtype.
+  void store(int64_t index, float value) const {
+    for_runs(index, 1, [&](const Segment& s, int64_t local, int64_t, int64_t) {
+      store_floats(s.data, local, 1, dtype_, &value);
+    });
+  }
+
  private:
   template <typename F>
   void for_runs(int64_t first, int64_t n, F&& f) const {

@@ -1,4 +1,4 @@
-// CPU top-k codec: exact radix select or sampled threshold, ordered compaction, scatter-add decode.
+// CPU top-k codec: exact radix select or sampled threshold, ordered compaction, sparse decode.
 #include <algorithm>
 #include <functional>
 #include <memory>
@@ -179,28 +179,51 @@ void topk_decode(const TopKDecodeParams& p) {
                                               << " breaks the strictly increasing index order");
     }
   }
-  std::unique_ptr<float[]> own;
-  float* sum = static_cast<float*>(p.workspace);
-  if (sum == nullptr) {
-    own.reset(new float[static_cast<size_t>(p.numel)]);
-    sum = own.get();
-  }
-  std::fill(sum, sum + p.numel, 0.0f);
+  // An element no payload selected is 0 / divisor, so the output is filled with that and only
+  // the selected elements are summed: window by window of the bucket (the output's window is
+  // filled, then overwritten where selected, while in cache), in a zeroed fp32 window in L1, each
+  // payload's entries in the window added in rank order (as a dense scatter-add would add them),
+  // then divided into the output. When 0 / divisor is not finite (a divisor of 0 or NaN), no mean
+  // is, so any output is flagged.
+  const detail::SegmentView out(p.segments, p.num_segments, p.dtype);
+  const float zero = math::div_rn(0.0f, p.divisor);
+  struct Entries {
+    const uint32_t* index;
+    const uint8_t* values;
+    uint64_t count, at;
+  };
+  std::vector<Entries> payloads;
   for (int w = 0; w < p.num_payloads; ++w) {
     const PayloadHeader h = format::read_header(p.payloads[w]);
-    const uint32_t* idx = reinterpret_cast<const uint32_t*>(p.payloads[w] + kPayloadHeaderBytes);
-    const uint8_t* values = p.payloads[w] + format::section1_offset(h);
-    for (uint64_t e = 0; e < h.count; ++e) {
-      sum[idx[e]] = math::add_rn(
-          sum[idx[e]], math::load_as_float(values, static_cast<int64_t>(e), p.value_dtype));
+    payloads.push_back({reinterpret_cast<const uint32_t*>(p.payloads[w] + kPayloadHeaderBytes),
+                        p.payloads[w] + format::section1_offset(h), h.count, 0});
+  }
+  float* direct = out.fp32_run(p.begin, p.numel);
+  bool nonfinite = p.numel > 0 && !math::is_finite_bits(math::float_bits(zero));
+  float window[detail::kStagingElements];
+  for (int64_t lo = 0; lo < p.numel; lo += detail::kStagingElements) {
+    const uint64_t hi = static_cast<uint64_t>(std::min(lo + detail::kStagingElements, p.numel));
+    std::fill(window, window + (hi - lo), 0.0f);
+    out.fill(p.begin + lo, static_cast<int64_t>(hi) - lo, zero);
+    for (const Entries& w : payloads)
+      for (uint64_t e = w.at; e < w.count && w.index[e] < hi; ++e) {
+        float& sum = window[w.index[e] - lo];
+        sum = math::add_rn(sum,
+                           math::load_as_float(w.values, static_cast<int64_t>(e), p.value_dtype));
+      }
+    for (Entries& w : payloads) {
+      for (; w.at < w.count && w.index[w.at] < hi; ++w.at) {
+        const uint32_t i = w.index[w.at];
+        const float mean = math::div_rn(window[i - lo], p.divisor);
+        nonfinite |= !math::is_finite_bits(math::float_bits(mean));
+        if (direct != nullptr) {
+          direct[i] = mean;
+        } else {
+          out.store(p.begin + i, mean);
+        }
+      }
     }
   }
-  bool nonfinite = false;
-  for (int64_t i = 0; i < p.numel; ++i) {
-    sum[i] = math::div_rn(sum[i], p.divisor);
-    nonfinite |= !math::is_finite_bits(math::float_bits(sum[i]));
-  }
-  detail::SegmentView(p.segments, p.num_segments, p.dtype).scatter(p.begin, p.numel, sum);
   if (p.nonfinite != nullptr && nonfinite) *p.nonfinite = 1;
 }
 

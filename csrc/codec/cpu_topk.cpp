@@ -18,10 +18,44 @@ float load_residual(const void* r, int64_t i, uint8_t dtype) {
   return r ? math::load_as_float(r, i, dtype) : 0.0f;
 }
 
+// Four interleaved first-pass histograms, so runs of equal digits (gradients share exponents) do
+// not serialize on one counter.
+constexpr int kHistCopies = 4;
+
+// Scans skip blocks of this many elements whose keys are all below a bound: with 1 % selected,
+// most blocks, and the test vectorizes where the per-element work does not.
+constexpr int64_t kScanBlock = 16;
+
+// Whether any of the kScanBlock keys at x reaches `bound`. Keys and bound are below 2^31, so
+// bound - 1 - key has its top bit set exactly when key >= bound: subtract, or and shift, which
+// vectorize on any x86-64 (no 32-bit compare or max needed).
+bool any_key_at_least(const float* x, uint32_t bound) {
+  uint32_t hit = 0;
+  for (int64_t j = 0; j < kScanBlock; ++j) {
+    uint32_t bits;
+    std::memcpy(&bits, x + j, sizeof bits);
+    hit |= bound - 1u - (bits & 0x7FFFFFFFu);
+  }
+  return (hit >> 31) != 0;
+}
+
+// Calls f(i) for every i in [0, n) whose key reaches `bound`, in order.
+template <typename F>
+void for_keys_at_least(const float* acc, int64_t n, uint32_t bound, F&& f) {
+  for (int64_t i0 = 0; i0 < n; i0 += kScanBlock) {
+    const int64_t i1 = std::min(n, i0 + kScanBlock);
+    if (i1 - i0 == kScanBlock && !any_key_at_least(acc + i0, bound)) continue;
+    for (int64_t i = i0; i < i1; ++i)
+      if (math::topk_key(acc[i]) >= bound) f(i);
+  }
+}
+
 // acc = input + residual over elements [begin, begin + n) of the view (a residual of zeros
-// when there is none: the add still turns -0 into +0, as on the GPU).
+// when there is none: the add still turns -0 into +0, as on the GPU). With `hist`, also counts
+// the keys' first radix digits while each staged run is still in cache (the exact threshold's
+// first pass, without a pass of its own over acc).
 void load_sums(const detail::SegmentView& input, int64_t begin, const void* residual, uint8_t dtype,
-               int64_t n, float* acc) {
+               int64_t n, float* acc, uint32_t* hist) {
   float r[detail::kStagingElements];
   for (int64_t s = 0; s < n; s += detail::kStagingElements) {
     const int64_t len = std::min<int64_t>(detail::kStagingElements, n - s);
@@ -36,6 +70,10 @@ void load_sums(const detail::SegmentView& input, int64_t begin, const void* resi
       std::fill(r, r + len, 0.0f);
     }
     for (int64_t j = 0; j < len; ++j) acc[s + j] = math::add_rn(x[j], r[j]);
+    if (hist == nullptr) continue;
+    for (int64_t j = 0; j < len; ++j)
+      ++hist[(j & (kHistCopies - 1)) * math::kTopKMaxBins +
+             math::topk_digit(math::topk_key(acc[s + j]), 0)];
   }
 }
 
@@ -52,32 +90,29 @@ uint32_t topk_sample_threshold(const float* acc, int64_t n, int64_t k) {
 }
 
 // The exact threshold key and how many elements equal to it are selected: the CUDA kernel's
-// radix passes (11, 11 and 9 bits), with the same result. The first pass histograms every key;
-// the later passes only the keys whose first digit was chosen, gathered once.
-void topk_exact_threshold(const float* acc, int64_t n, int64_t k, uint32_t* threshold,
-                          uint64_t* eq_limit) {
+// radix passes (11, 11 and 9 bits), with the same result. The first pass's histogram comes from
+// load_sums (`hist`: kHistCopies interleaved copies); the later passes count only the keys whose
+// first digit was chosen, gathered once.
+void topk_exact_threshold(const float* acc, int64_t n, int64_t k, std::vector<uint32_t>& hist,
+                          uint32_t* threshold, uint64_t* eq_limit) {
   if (k == 0) {
     *threshold = 0xFFFFFFFFu;  // selects nothing
     *eq_limit = 0;
     return;
   }
-  // Four interleaved histograms, so runs of equal digits (gradients share exponents) do not
-  // serialize on one counter.
-  constexpr int kCopies = 4, kBins = math::kTopKMaxBins;
-  std::vector<uint32_t> hist(kCopies * kBins, 0u);
-  for (int64_t i = 0; i < n; ++i)
-    ++hist[(i & (kCopies - 1)) * kBins + math::topk_digit(math::topk_key(acc[i]), 0)];
-  for (int c = 1; c < kCopies; ++c)
+  constexpr int kBins = math::kTopKMaxBins;
+  for (int c = 1; c < kHistCopies; ++c)
     for (int d = 0; d < kBins; ++d) hist[d] += hist[c * kBins + d];
   uint64_t remaining = static_cast<uint64_t>(k), above = 0;
   uint32_t prefix = math::topk_choose_digit(hist.data(), kBins, remaining, &above)
                     << math::topk_pass_shift(0);
   remaining -= above;
   std::vector<uint32_t> candidates;
-  for (int64_t i = 0; i < n; ++i) {
+  // Keys with the chosen first digit are at least the prefix.
+  for_keys_at_least(acc, n, prefix, [&](int64_t i) {
     const uint32_t key = math::topk_key(acc[i]);
     if ((key & math::topk_pass_mask_above(1)) == prefix) candidates.push_back(key);
-  }
+  });
   for (int pass = 1; pass < math::kTopKPasses; ++pass) {
     const uint32_t mask = math::topk_pass_mask_above(pass);
     std::fill(hist.begin(), hist.begin() + kBins, 0u);
@@ -97,19 +132,31 @@ void topk_exact_threshold(const float* acc, int64_t n, int64_t k, uint32_t* thre
 uint64_t topk_encode(const TopKEncodeParams& p) {
   ::gradcomp::detail::check_params(p, "top-k encode");
   const int64_t n = p.numel;
+  // acc is most elements' new residual, so an fp32 residual_out that does not overlap residual_in
+  // holds it from the start: no copy of the whole bucket at the end, only the selected and
+  // non-finite elements' fixes.
+  const auto* out_bytes = static_cast<const char*>(p.residual_out);
+  const auto* in_bytes = static_cast<const char*>(p.residual_in);
+  const size_t residual_bytes = static_cast<size_t>(n) * 4;
+  const bool acc_in_residual =
+      p.residual_out != nullptr && p.residual_dtype == math::kDtypeF32 &&
+      (in_bytes == nullptr || out_bytes + residual_bytes <= in_bytes ||
+       in_bytes + static_cast<size_t>(n) * math::dtype_bytes(p.residual_dtype) <= out_bytes);
   std::unique_ptr<float[]> own;
-  float* acc = static_cast<float*>(p.workspace);
+  float* acc =
+      acc_in_residual ? static_cast<float*>(p.residual_out) : static_cast<float*>(p.workspace);
   if (acc == nullptr) {
     own.reset(new float[static_cast<size_t>(n)]);
     acc = own.get();
   }
+  std::vector<uint32_t> hist(p.exact ? kHistCopies * math::kTopKMaxBins : 0, 0u);
   load_sums(detail::SegmentView(p.segments, p.num_segments, p.dtype), p.begin, p.residual_in,
-            p.residual_dtype, n, acc);
+            p.residual_dtype, n, acc, p.exact ? hist.data() : nullptr);
 
   uint32_t threshold = 0;
   uint64_t eq_limit = ~uint64_t{0};
   if (p.exact) {
-    topk_exact_threshold(acc, n, p.k, &threshold, &eq_limit);
+    topk_exact_threshold(acc, n, p.k, hist, &threshold, &eq_limit);
   } else if (n > 0) {
     threshold = topk_sample_threshold(acc, n, p.k);
   }
@@ -129,9 +176,8 @@ uint64_t topk_encode(const TopKEncodeParams& p) {
   std::vector<ResidualFix> fixes;
   const uint32_t visit_from = std::min(threshold, 0x7F800000u);
   uint64_t gt = 0, eq = 0, written = 0;
-  for (int64_t i = 0; i < n; ++i) {
+  for_keys_at_least(acc, n, visit_from, [&](int64_t i) {
     const uint32_t key = math::topk_key(acc[i]);
-    if (key < visit_from) continue;
     const bool selected = key > threshold || (key == threshold && eq < eq_limit);
     const uint64_t pos = gt + std::min(eq, eq_limit);
     if (key > threshold) ++gt;
@@ -151,9 +197,9 @@ uint64_t topk_encode(const TopKEncodeParams& p) {
       changed = true;
     }
     if (changed && p.residual_out != nullptr) fixes.push_back({i, residual});
-  }
+  });
   if (p.residual_out != nullptr) {
-    detail::store_floats(p.residual_out, 0, n, p.residual_dtype, acc);
+    if (!acc_in_residual) detail::store_floats(p.residual_out, 0, n, p.residual_dtype, acc);
     for (const ResidualFix& f : fixes)
       math::store_from_float(p.residual_out, f.index, p.residual_dtype, f.residual);
   }

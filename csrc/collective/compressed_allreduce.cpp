@@ -415,6 +415,7 @@ void CompressedAllreduce::check_layout(const Bucket& b, uint64_t bucket_id) {
 }
 
 struct CompressedAllreduce::InFlight {
+  uint64_t bucket_id = 0;
   Bucket* bucket = nullptr;
   std::vector<Segment> segments;  // where the mean goes
   DType dtype = DType::kFloat32;
@@ -468,8 +469,14 @@ void CompressedAllreduce::begin_allreduce(const Segment* segments, int num_segme
                            << in_flight_.size() << " begun buckets are unfinished"
                            << (overlaps_buckets() ? " (at most one may be)"
                                                   : " (this reduction does not overlap buckets)"));
+  // Its buffers are on the wire; bucket_for could even replace it.
+  for (const InFlight& earlier : in_flight_)
+    GRADCOMP_CHECK(earlier.bucket_id != bucket_id,
+                   "bucket " << bucket_id << " begun again on rank " << global_rank_
+                             << " before its earlier reduction finished");
   Bucket& b = bucket_for(segments, num_segments, dtype, bucket_id);
   InFlight f;
+  f.bucket_id = bucket_id;
   f.bucket = &b;
   f.segments.assign(segments, segments + num_segments);
   f.dtype = dtype;
@@ -507,7 +514,13 @@ void CompressedAllreduce::finish_front() {
       if (self.in_flight_.empty()) self.drain_collectives();
     }
   } drain{*this};
-  finish_compressed(*f.bucket, f);
+  try {
+    finish_compressed(*f.bucket, f);
+  } catch (...) {
+    // As a failed begin does: the decodes that ran must not flag the next bucket.
+    if (!backend_.is_cuda()) backend_.take_decode_status();
+    throw;
+  }
   end_bucket(*f.bucket);
 }
 
@@ -904,6 +917,9 @@ CompressionState CompressedAllreduce::state() const {
 }
 
 void CompressedAllreduce::revert_bucket(uint64_t bucket_id) {
+  GRADCOMP_CHECK(in_flight_.empty(), "bucket " << bucket_id << " changed on rank " << global_rank_
+                                               << " while " << in_flight_.size()
+                                               << " begun buckets are unfinished");
   auto it = buckets_.find(bucket_id);
   if (it != buckets_.end() && config_.error_feedback) it->second->current ^= 1;
 }
@@ -914,6 +930,9 @@ int64_t CompressedAllreduce::bucket_numel(uint64_t bucket_id) const {
 }
 
 void CompressedAllreduce::release_bucket(uint64_t bucket_id) {
+  GRADCOMP_CHECK(in_flight_.empty(), "bucket " << bucket_id << " changed on rank " << global_rank_
+                                               << " while " << in_flight_.size()
+                                               << " begun buckets are unfinished");
   buckets_.erase(bucket_id);
   pending_.residuals.erase(bucket_id);
   pending_.chunk_residuals.erase(bucket_id);
@@ -921,6 +940,9 @@ void CompressedAllreduce::release_bucket(uint64_t bucket_id) {
 }
 
 void CompressedAllreduce::load_state(const CompressionState& s) {
+  GRADCOMP_CHECK(in_flight_.empty(), "load_state on rank " << global_rank_ << " while "
+                                                           << in_flight_.size()
+                                                           << " begun buckets are unfinished");
   GRADCOMP_CHECK(s.seed == config_.seed, "checkpoint seed "
                                              << s.seed << " differs from the configured seed "
                                              << config_.seed << " on rank " << global_rank_);

@@ -234,8 +234,14 @@ void BucketEngine::reduce_now(const BucketRequest& bucket, Done done,
   } catch (...) {
     error = std::current_exception();
   }
-  // Outside the lock: a callback may hand the next bucket in.
-  for (auto& [callback, failed] : completions) callback(failed);
+  // Outside the lock: a callback may hand the next bucket in. One that throws must not keep the
+  // others (an earlier bucket's and this one's) from completing.
+  for (auto& [callback, failed] : completions) {
+    try {
+      callback(failed);
+    } catch (...) {
+    }
+  }
   if (!error) return;
   if (!done) std::rethrow_exception(error);
   done(error);
@@ -336,8 +342,9 @@ void BucketEngine::reduce_locked(const BucketRequest& b, Done done, BucketTiming
 
 void BucketEngine::reduce_overlapped(const BucketRequest& b, Done done, BucketTiming timing,
                                      Completions& completions) {
-  // Where the stats left off: at the bucket in flight, whose collectives ran meanwhile.
-  const Mark from = in_flight_ ? cursor_ : mark();
+  // Where the stats left off: at the bucket in flight, whose collectives ran meanwhile (what
+  // they did since is charged first, without the time: callbacks and waits are not codec work).
+  const Mark from = in_flight_ ? charge(cursor_, ReductionStats{}, false) : mark();
   std::exception_ptr error;
   try {
     const Segment whole{b.data, 0, b.numel};
@@ -351,6 +358,9 @@ void BucketEngine::reduce_overlapped(const BucketRequest& b, Done done, BucketTi
   if (in_flight_) {
     InFlight f = std::move(*in_flight_);
     in_flight_.reset();
+    ReductionStats overlapped;
+    overlapped.overlapped_buckets = 1;
+    add_stats(overlapped);
     completions.push_back(finish_bucket(f.bucket, std::move(f.done), f.timing));
   }
   if (error) {
@@ -366,9 +376,6 @@ void BucketEngine::reduce_overlapped(const BucketRequest& b, Done done, BucketTi
   // last collectives, and nothing waits for a bucket that has not come.
   if (queued && !b.is_last) {
     in_flight_ = InFlight{b, std::move(done), timing};
-    ReductionStats overlapped;
-    overlapped.overlapped_buckets = 1;
-    add_stats(overlapped);
     return;
   }
   completions.push_back(finish_bucket(b, std::move(done), timing));
@@ -377,7 +384,7 @@ void BucketEngine::reduce_overlapped(const BucketRequest& b, Done done, BucketTi
 
 std::pair<BucketEngine::Done, std::exception_ptr> BucketEngine::finish_bucket(
     const BucketRequest& b, Done done, BucketTiming timing) {
-  const Mark from = cursor_;
+  const Mark from = charge(cursor_, ReductionStats{}, false);
   ReductionStats delta;
   std::exception_ptr error;
   try {
@@ -462,7 +469,7 @@ BucketEngine::Mark BucketEngine::mark() const {
   return m;
 }
 
-BucketEngine::Mark BucketEngine::charge(const Mark& from, ReductionStats delta) {
+BucketEngine::Mark BucketEngine::charge(const Mark& from, ReductionStats delta, bool codec_time) {
   const Mark now = mark();
   delta.bytes_sent += now.bytes - from.bytes;
   delta.inter_node_bytes += now.inter_node_bytes - from.inter_node_bytes;
@@ -470,7 +477,8 @@ BucketEngine::Mark BucketEngine::charge(const Mark& from, ReductionStats delta) 
   // What this thread did not spend in or waiting for collectives: with pieces or overlapped
   // buckets, collectives run beside the codec on another thread and the two overlap.
   const double total = std::chrono::duration<double>(now.at - from.at).count();
-  delta.codec_seconds += std::max(0.0, total - (now.blocked_seconds - from.blocked_seconds));
+  if (codec_time)
+    delta.codec_seconds += std::max(0.0, total - (now.blocked_seconds - from.blocked_seconds));
   add_stats(delta);
   return now;
 }

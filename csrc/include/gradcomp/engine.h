@@ -57,8 +57,8 @@ struct ReductionStats {
   double codec_seconds = 0;         // encode + decode: the time outside the collectives
   double comm_seconds = 0;
   uint64_t nonfinite_buckets = 0;
-  // Buckets left in flight while the next one was encoded (overlapped buckets: their decode ran
-  // during the next bucket's collectives).
+  // Buckets finished after the next one was begun (overlapped buckets: the next one's encode ran
+  // during their last collectives, and their decode during its collectives).
   uint64_t overlapped_buckets = 0;
   uint64_t max_queued = 0;  // most buckets waiting for the worker at once (a gauge, not a sum)
   void add(const ReductionStats& other);
@@ -186,8 +186,9 @@ class BucketEngine {
   // The error fail_bucket would throw, as a value.
   std::exception_ptr failure(const BucketRequest& b, const std::exception& e);
   Mark mark() const;
-  // Adds what happened since `from` to `delta` and the stats; returns where it left off.
-  Mark charge(const Mark& from, ReductionStats delta);
+  // Adds what happened since `from` to `delta` and the stats (the time, as codec time, only with
+  // `codec_time`); returns where it left off.
+  Mark charge(const Mark& from, ReductionStats delta, bool codec_time = true);
   void record_timing(BucketTiming timing);
   void begin_step();
   void check_state(const EngineState& state) const;

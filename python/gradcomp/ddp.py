@@ -105,6 +105,30 @@ def node_groups(process_group=None, local_world_size=None):
     return intra, inter
 
 
+_own_groups = {}  # the hooks' process group for each group they reduce over, made once
+
+
+def _own_group(process_group=None):
+    """A process group of the hooks' own over the ranks and backend of ``process_group``: a hook's
+    collectives run on its threads, and on DDP's group they could interleave with DDP's own
+    collectives (``find_unused_parameters``' allreduce) in a different order on each rank. One
+    per group, shared by the hooks over it (a group's connections and threads stay until the
+    job ends). Every rank of the default group must call it, alike.
+    """
+    group = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
+    if group not in _own_groups:
+        timeout = None  # the group's own (new_group's default is PyTorch's, not the job's)
+        for device in ("cpu", "cuda"):
+            try:
+                timeout = group._get_backend(torch.device(device)).options._timeout
+                break
+            except (RuntimeError, AttributeError, ValueError):
+                continue
+        _own_groups[group] = dist.new_group(ranks=dist.get_process_group_ranks(group),
+                                            backend=dist.get_backend(group), timeout=timeout)
+    return _own_groups[group]
+
+
 def _node_transport(intra, node_transport):
     """The shared-memory name the node's ranks exchange through on the CPU ("" for the intra-node
     process group). Local rank 0 draws a job-unique name and sends it to its node."""
@@ -185,7 +209,7 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *
     # CUDA buckets always use the intra-node group: no shared memory to name.
     on_cuda = any(p.is_cuda for p in ddp_model.parameters())
     shm_name = _node_transport(intra, "group" if on_cuda and node_transport == "shm" else node_transport)
-    native = _C.DdpHook(ddp_model.process_group, options, intra, inter, shm_name)
+    native = _C.DdpHook(_own_group(ddp_model.process_group), options, intra, inter, shm_name)
     # Buckets are recorded by parameter position, so a restart can reduce the saved layout.
     native.set_parameters(list(ddp_model.parameters()))
     _C.install_hook(ddp_model.reducer, native)
@@ -200,17 +224,16 @@ class HookState(Hook):
         if optimizer is not None:
             check_optimizer(optimizer, Q4() if codec is None else codec)
         self._options = _options(codec, timeout, _fault)
-        self._group = process_group
         # Made now, on every rank alike: creating groups later, inside backward, would be a
         # collective on the autograd thread.
         self._nodes = node_groups(process_group, local_world_size)
+        self._group = _own_group(process_group)
         self._shm_name = _node_transport(self._nodes[0], node_transport)
         super().__init__(None, Q4() if codec is None else codec)
 
     def _ensure_native(self):
         if self._native is None:
-            group = self._group if self._group is not None else dist.distributed_c10d._get_default_group()
-            self._native = _C.DdpHook(group, self._options, *self._nodes, self._shm_name)
+            self._native = _C.DdpHook(self._group, self._options, *self._nodes, self._shm_name)
         return self._native
 
     def stats(self) -> dict:

@@ -36,6 +36,11 @@ def test_overlapped_buckets_train_the_same_weights_as_one_at_a_time(codec, route
     assert sum(overlapped) > 0, overlapped
 
 
+@pytest.mark.parametrize("route", ["register", "standard"])
+def test_find_unused_parameters_trains_alike_on_every_rank(route):
+    assert all(launch("workers_ddp", "find_unused_parameters_trains_alike_on_every_rank", 3, route))
+
+
 def test_no_compression_equals_ddp_bit_for_bit():
     buckets = launch("workers_ddp", "no_compression_matches_ddp", 2)
     assert buckets[0] >= 20

@@ -198,3 +198,43 @@ def overlapped_buckets_equal_one_at_a_time(rank, world, codec_name, route):
     assert overlapped["buckets"] == sequential["buckets"] > 0, (overlapped, sequential)
     assert hooks[0].stats()["step"]["buckets"] >= 3, hooks[0].stats()["step"]
     return overlapped["overlapped_buckets"]
+
+
+class WithUnusedBranch(nn.Module):
+    """Several buckets, and a branch that some steps leave unused (DDP's find_unused_parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = MLP(dims=(64, 512, 512, 64, 10))
+        self.branch = nn.Linear(64, 10)
+
+    def forward(self, x, use_branch):
+        y = self.body(x)
+        return y + self.branch(x) if use_branch else y
+
+
+def find_unused_parameters_trains_alike_on_every_rank(rank, world, route):
+    """With find_unused_parameters DDP runs its own allreduce while the hook's buckets are still on
+    the wire; the hook's collectives have their own process group, so the two never interleave."""
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(WithUnusedBranch(), bucket_cap_mb=0.5,
+                                              find_unused_parameters=True)
+    if route == "register":
+        hook = gt.register(ddp, gradcomp.Q4(piece_numel=4096))
+    else:
+        hook = gt.HookState(gradcomp.Q4(piece_numel=4096))
+        ddp.register_comm_hook(hook, gt.comm_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for step in range(8):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(x, use_branch=step % 2 == 0), y).backward()
+        opt.step()
+    weights = flat(ddp)
+    assert torch.isfinite(weights).all()
+    gathered = [torch.empty_like(weights) for _ in range(world)]
+    torch.distributed.all_gather(gathered, weights)
+    assert all(torch.equal(gathered[0], w) for w in gathered), "ranks' weights differ"
+    assert hook.stats()["step"]["buckets"] >= 2, hook.stats()["step"]
+    return True

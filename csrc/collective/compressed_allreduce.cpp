@@ -195,6 +195,15 @@ struct CompressedAllreduce::Bucket {
   int64_t chunk = 0;
   int64_t piece = 0;  // two-phase q4: elements of a chunk per piece, and the pieces of a chunk
   int pieces = 1;
+  // Two-phase q4: piece p of rank c's chunk is elements [c * chunk + p * piece, ...) of the
+  // bucket, and its payload from rank w sits in slot p * world + w of `send` or `gathered`.
+  int64_t piece_begin(int c, int p) const { return c * chunk + p * piece; }
+  int64_t piece_numel(int c, int p) const {
+    return std::max<int64_t>(0, std::min(piece, chunk_numel(numel, chunk, c) - p * piece));
+  }
+  uint8_t* q4_slot(const detail::BackendBuffer& buffer, int p, int w, int world) const {
+    return buffer.get() + q4_slot_bytes * (static_cast<uint64_t>(p) * world + w);
+  }
   // Hierarchical: this rank's shard and, for buckets not exchanged in place, the bucket gathered
   // from its segments (zero-padded to L shards) and every local rank's reduced shard.
   detail::BackendBuffer node_send, node_shard, node_gathered;
@@ -649,14 +658,6 @@ void CompressedAllreduce::post_q4_two_phase(Bucket& b, InFlight& f, const Segmen
   const int rank = comm_.rank();
   const uint64_t slot_bytes = b.q4_slot_bytes;
   const int pieces = b.pieces;
-  // Piece p of rank c's chunk: elements [c * chunk + p * piece, ...) of the bucket.
-  auto piece_begin = [&](int c, int p) { return c * b.chunk + p * b.piece; };
-  auto piece_numel = [&](int c, int p) {
-    return std::max<int64_t>(0, std::min(b.piece, chunk_numel(b.numel, b.chunk, c) - p * b.piece));
-  };
-  auto slot = [&](Buffer& buffer, int p, int c) {
-    return buffer.get() + slot_bytes * (static_cast<uint64_t>(p) * world + c);
-  };
   detail::CollectiveQueue& queue = collectives_for(b);
   std::vector<uint64_t> scattered(pieces);
   f.rest = InFlight::Rest::kQ4TwoPhase;
@@ -664,14 +665,14 @@ void CompressedAllreduce::post_q4_two_phase(Bucket& b, InFlight& f, const Segmen
 
   auto scatter = [&](int p) {
     for (int c = 0; c < world; ++c) {
-      Q4EncodeParams e =
-          q4_encode_params(source, num_source, source_dtype, piece_begin(c, p), piece_numel(c, p),
-                           config_.q4, rng(b, 0), slot(b.send, p, c));
+      Q4EncodeParams e = q4_encode_params(source, num_source, source_dtype, b.piece_begin(c, p),
+                                          b.piece_numel(c, p), config_.q4, rng(b, 0),
+                                          b.q4_slot(b.send, p, c, world));
       set_residuals(e, b.residual, b, e.begin);
       backend_.q4_encode(e);
     }
-    uint8_t* send = slot(b.send, p, 0);
-    uint8_t* recv = slot(b.recv, p, 0);
+    uint8_t* send = b.q4_slot(b.send, p, 0, world);
+    uint8_t* recv = b.q4_slot(b.recv, p, 0, world);
     scattered[p] =
         queue.post([this, send, recv, slot_bytes] { comm_.all_to_all(send, recv, slot_bytes); });
   };
@@ -681,17 +682,17 @@ void CompressedAllreduce::post_q4_two_phase(Bucket& b, InFlight& f, const Segmen
   Segment work{b.work.get(), rank * b.chunk, b.chunk};
   auto gather = [&](int p) {
     queue.wait(scattered[p]);
-    const int64_t mine = piece_numel(rank, p);
+    const int64_t mine = b.piece_numel(rank, p);
     std::vector<const uint8_t*> from(world);
-    for (int w = 0; w < world; ++w) from[w] = slot(b.recv, p, w);
+    for (int w = 0; w < world; ++w) from[w] = b.q4_slot(b.recv, p, w, world);
     backend_.q4_decode(q4_decode_params(from.data(), world, slot_bytes, mine, config_.q4, &work, 1,
-                                        math::kDtypeF32, piece_begin(rank, p), 1.0f));
-    uint8_t* send = slot(b.send, p, 0);
-    Q4EncodeParams e = q4_encode_params(&work, 1, math::kDtypeF32, piece_begin(rank, p), mine,
+                                        math::kDtypeF32, b.piece_begin(rank, p), 1.0f));
+    uint8_t* send = b.q4_slot(b.send, p, 0, world);
+    Q4EncodeParams e = q4_encode_params(&work, 1, math::kDtypeF32, b.piece_begin(rank, p), mine,
                                         config_.q4, rng(b, 1), send);
     set_residuals(e, b.chunk_residual, b, p * b.piece);
     backend_.q4_encode(e);
-    uint8_t* into = slot(b.gathered, p, 0);
+    uint8_t* into = b.q4_slot(b.gathered, p, 0, world);
     f.tickets[p] =
         queue.post([this, send, into, slot_bytes] { comm_.all_gather(send, into, slot_bytes); });
   };
@@ -708,10 +709,6 @@ void CompressedAllreduce::finish_q4_two_phase(Bucket& b, InFlight& f) {
   const int world = comm_.world_size();
   const uint64_t slot_bytes = b.q4_slot_bytes;
   const int pieces = b.pieces;
-  auto piece_begin = [&](int c, int p) { return c * b.chunk + p * b.piece; };
-  auto piece_numel = [&](int c, int p) {
-    return std::max<int64_t>(0, std::min(b.piece, chunk_numel(b.numel, b.chunk, c) - p * b.piece));
-  };
   wait_tickets(f);
   // Every payload is checked before any is decoded, so a bad one leaves the bucket as it was
   // (the bucket was the input of the encodes until the last of them).
@@ -719,9 +716,8 @@ void CompressedAllreduce::finish_q4_two_phase(Bucket& b, InFlight& f) {
   std::vector<int64_t> sizes(payloads.size());
   for (int p = 0; p < pieces; ++p) {
     for (int w = 0; w < world; ++w) {
-      payloads[p * world + w] =
-          b.gathered.get() + slot_bytes * (static_cast<uint64_t>(p) * world + w);
-      sizes[p * world + w] = piece_numel(w, p);
+      payloads[p * world + w] = b.q4_slot(b.gathered, p, w, world);
+      sizes[p * world + w] = b.piece_numel(w, p);
     }
   }
   for (int p = 0; p < pieces; ++p) {
@@ -739,9 +735,9 @@ void CompressedAllreduce::finish_q4_two_phase(Bucket& b, InFlight& f) {
   for (int p = 0; p < pieces; ++p) {
     for (int w = 0; w < world; ++w) {
       const uint8_t* payload = payloads[p * world + w];
-      backend_.q4_decode(q4_decode_params(&payload, 1, slot_bytes, piece_numel(w, p), config_.q4,
-                                          f.segments.data(), num_segments, code, piece_begin(w, p),
-                                          static_cast<float>(world)));
+      backend_.q4_decode(q4_decode_params(&payload, 1, slot_bytes, b.piece_numel(w, p), config_.q4,
+                                          f.segments.data(), num_segments, code,
+                                          b.piece_begin(w, p), static_cast<float>(world)));
     }
   }
 }
@@ -786,11 +782,7 @@ void CompressedAllreduce::post_q4_one_phase(Bucket& b, InFlight& f, const Segmen
   set_residuals(e, b.residual, b, 0);
   backend_.q4_encode(e);
   f.rest = InFlight::Rest::kQ4OnePhase;
-  uint8_t* send = b.send.get();
-  uint8_t* into = b.gathered.get();
-  const uint64_t bytes = b.slot_bytes;
-  f.tickets = {
-      collectives_for(b).post([this, send, into, bytes] { comm_.all_gather(send, into, bytes); })};
+  f.tickets = {post_all_gather(b, b.slot_bytes)};
 }
 
 void CompressedAllreduce::finish_q4_one_phase(Bucket& b, InFlight& f) {
@@ -881,10 +873,14 @@ void CompressedAllreduce::post_topk(Bucket& b, InFlight& f, const Segment* segme
   d.dtype = static_cast<uint8_t>(dtype);
   d.divisor = static_cast<float>(world);
   d.workspace = b.workspace.get();
-  uint8_t* send = b.send.get();
+  f.tickets = {post_all_gather(b, step_bytes)};
+}
+
+uint64_t CompressedAllreduce::post_all_gather(const Bucket& b, uint64_t bytes) {
+  const uint8_t* send = b.send.get();
   uint8_t* into = b.gathered.get();
-  f.tickets = {collectives_for(b).post(
-      [this, send, into, step_bytes] { comm_.all_gather(send, into, step_bytes); })};
+  return collectives_for(b).post(
+      [this, send, into, bytes] { comm_.all_gather(send, into, bytes); });
 }
 
 void CompressedAllreduce::finish_topk(Bucket& b, InFlight& f) {

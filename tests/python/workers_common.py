@@ -47,6 +47,18 @@ class MLP(nn.Module):
         return self.net(x)
 
 
+def hook_on_route(ddp, route: str, spec, **kwargs):
+    """Installs gradcomp on `ddp` by register() ("register") or PyTorch's standard route
+    ("standard"); returns the hook."""
+    if route == "register":
+        return gt.register(ddp, spec, **kwargs)
+    if route != "standard":
+        raise ValueError(f"unknown route {route!r}")
+    hook = gt.HookState(spec, **kwargs)
+    ddp.register_comm_hook(hook, gt.comm_hook)
+    return hook
+
+
 def train(rank, world, route: str, codec_name: str | None, steps: int, dtype=torch.float32,
            state=None, start_step: int = 0, no_sync_every: int = 0, bias: bool = True,
            local_world_size=None):
@@ -55,11 +67,8 @@ def train(rank, world, route: str, codec_name: str | None, steps: int, dtype=tor
     model = MLP(bias=bias).to(dtype)
     ddp = nn.parallel.DistributedDataParallel(model)
     hook = None
-    if route == "register":
-        hook = gt.register(ddp, codec(codec_name), local_world_size=local_world_size)
-    elif route == "standard":
-        hook = gt.HookState(codec(codec_name), local_world_size=local_world_size)
-        ddp.register_comm_hook(hook, gt.comm_hook)
+    if route in ("register", "standard"):
+        hook = hook_on_route(ddp, route, codec(codec_name), local_world_size=local_world_size)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     if state is not None:
         ddp.module.load_state_dict(state["model"])

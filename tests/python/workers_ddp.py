@@ -9,7 +9,7 @@ import torch.nn as nn
 import gradcomp
 import gradcomp.torch as gt
 
-from workers_common import MLP, UsedInReverse, codec, flat, train, train_ddp
+from workers_common import MLP, UsedInReverse, codec, flat, hook_on_route, train, train_ddp
 
 
 def no_compression_matches_ddp(rank, world):
@@ -38,11 +38,7 @@ def rebuilt_buckets_release_the_old_ones(rank, world, route):
     """After DDP rebuilds its buckets, the hook keeps (and checkpoints) only the buckets in use."""
     torch.manual_seed(0)
     ddp = nn.parallel.DistributedDataParallel(UsedInReverse(), bucket_cap_mb=0.004)
-    if route == "register":
-        hook = gt.register(ddp, gradcomp.Q4())
-    else:
-        hook = gt.HookState(gradcomp.Q4())
-        ddp.register_comm_hook(hook, gt.comm_hook)
+    hook = hook_on_route(ddp, route, gradcomp.Q4())
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     keys = []
     for step in range(4):
@@ -108,11 +104,7 @@ def ddp_options_agree(rank, world, option):
     def run(route):
         torch.manual_seed(0)
         ddp = nn.parallel.DistributedDataParallel(MLP(), **kwargs)
-        if route == "register":
-            hook = gt.register(ddp, gradcomp.Q4(seed=3))
-        else:
-            hook = gt.HookState(gradcomp.Q4(seed=3))
-            ddp.register_comm_hook(hook, gt.comm_hook)
+        hook = hook_on_route(ddp, route, gradcomp.Q4(seed=3))
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         for step in range(5):
             g = torch.Generator().manual_seed(100 * step + rank)
@@ -175,11 +167,7 @@ def overlapped_buckets_equal_one_at_a_time(rank, world, codec_name, route):
         # A wide middle layer: its bucket's encode takes long enough for the next bucket to queue.
         ddp = nn.parallel.DistributedDataParallel(MLP(dims=(64, 1024, 1024, 1024, 10)), bucket_cap_mb=1)
         variant = dataclasses.replace(spec, piece_numel=piece_numel)
-        if route == "register":
-            hook = gt.register(ddp, variant)
-        else:
-            hook = gt.HookState(variant)
-            ddp.register_comm_hook(hook, gt.comm_hook)
+        hook = hook_on_route(ddp, route, variant)
         models.append(ddp)
         hooks.append(hook)
         opts.append(torch.optim.SGD(ddp.parameters(), lr=0.05))
@@ -219,11 +207,7 @@ def find_unused_parameters_trains_alike_on_every_rank(rank, world, route):
     torch.manual_seed(0)
     ddp = nn.parallel.DistributedDataParallel(WithUnusedBranch(), bucket_cap_mb=0.5,
                                               find_unused_parameters=True)
-    if route == "register":
-        hook = gt.register(ddp, gradcomp.Q4(piece_numel=4096))
-    else:
-        hook = gt.HookState(gradcomp.Q4(piece_numel=4096))
-        ddp.register_comm_hook(hook, gt.comm_hook)
+    hook = hook_on_route(ddp, route, gradcomp.Q4(piece_numel=4096))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     for step in range(8):
         g = torch.Generator().manual_seed(100 * step + rank)

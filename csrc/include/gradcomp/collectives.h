@@ -209,6 +209,8 @@ class CompressedAllreduce {
   void post_topk(Bucket& b, InFlight& f, const Segment* segments, int num_segments);
   void finish_topk(Bucket& b, InFlight& f);
   void wait_tickets(const InFlight& f);
+  // Posts the allgather of the bucket's `bytes` send payload into its gathered slots.
+  uint64_t post_all_gather(const Bucket& b, uint64_t bytes);
   // Points a q4 encode at the bucket's committed residual (in) and candidate (out), `offset`
   // elements in; nothing without error feedback.
   void set_residuals(Q4EncodeParams& e, detail::BackendBuffer* residual, const Bucket& b,

@@ -36,6 +36,16 @@ class ProfiledCommunicator final : public Communicator {
     GRADCOMP_PHASE("gradcomp::reduce_scatter");
     inner_->reduce_scatter_mean(send, recv, numel_per_rank, dtype);
   }
+  void run_reduce_scatter_mean_strided(const void* send, int64_t send_stride, void* recv,
+                                       int64_t numel_per_rank, DType dtype) override {
+    GRADCOMP_PHASE("gradcomp::reduce_scatter");
+    inner_->reduce_scatter_mean_strided(send, send_stride, recv, numel_per_rank, dtype);
+  }
+  void run_all_gather_strided(const void* send, void* recv, size_t bytes_per_rank,
+                              size_t recv_stride) override {
+    GRADCOMP_PHASE("gradcomp::all_gather");
+    inner_->all_gather_strided(send, recv, bytes_per_rank, recv_stride);
+  }
 
  private:
   std::unique_ptr<Communicator> inner_;

@@ -2,6 +2,8 @@
 #include "gradcomp/communicator.h"
 
 #include <chrono>
+#include <cstring>
+#include <vector>
 
 namespace gradcomp {
 namespace {
@@ -72,6 +74,50 @@ void Communicator::reduce_scatter_mean(const void* send, void* recv, int64_t num
   run("reduce_scatter", static_cast<uint64_t>(numel_per_rank) * dtype_size(dtype) * world_size(),
       [&] { run_reduce_scatter_mean(send, recv, numel_per_rank, dtype); });
   count_bytes(reduce_scatter_bytes(numel_per_rank, dtype, world_size()));
+}
+
+void Communicator::reduce_scatter_mean_strided(const void* send, int64_t send_stride, void* recv,
+                                               int64_t numel_per_rank, DType dtype) {
+  GRADCOMP_CHECK(send_stride >= numel_per_rank, "reduce_scatter stride "
+                                                    << send_stride << " is shorter than a slice of "
+                                                    << numel_per_rank << " elements");
+  run("reduce_scatter", static_cast<uint64_t>(numel_per_rank) * dtype_size(dtype) * world_size(),
+      [&] { run_reduce_scatter_mean_strided(send, send_stride, recv, numel_per_rank, dtype); });
+  count_bytes(reduce_scatter_bytes(numel_per_rank, dtype, world_size()));
+}
+
+void Communicator::all_gather_strided(const void* send, void* recv, size_t bytes_per_rank,
+                                      size_t recv_stride) {
+  GRADCOMP_CHECK(recv_stride >= bytes_per_rank, "all_gather stride "
+                                                    << recv_stride << " is shorter than a slice of "
+                                                    << bytes_per_rank << " bytes");
+  run("all_gather", bytes_per_rank,
+      [&] { run_all_gather_strided(send, recv, bytes_per_rank, recv_stride); });
+  count_bytes(bytes_per_rank * static_cast<uint64_t>(world_size() - 1));
+}
+
+void Communicator::run_reduce_scatter_mean_strided(const void* send, int64_t send_stride,
+                                                   void* recv, int64_t numel_per_rank,
+                                                   DType dtype) {
+  GRADCOMP_CHECK(!device_memory(), "this transport has no strided reduce_scatter on device memory");
+  const size_t slice = static_cast<size_t>(numel_per_rank) * dtype_size(dtype);
+  const size_t stride = static_cast<size_t>(send_stride) * dtype_size(dtype);
+  std::vector<uint8_t> packed(slice * static_cast<size_t>(world_size()));
+  for (int w = 0; w < world_size(); ++w) {
+    std::memcpy(packed.data() + slice * w, static_cast<const uint8_t*>(send) + stride * w, slice);
+  }
+  run_reduce_scatter_mean(packed.data(), recv, numel_per_rank, dtype);
+}
+
+void Communicator::run_all_gather_strided(const void* send, void* recv, size_t bytes_per_rank,
+                                          size_t recv_stride) {
+  GRADCOMP_CHECK(!device_memory(), "this transport has no strided all_gather on device memory");
+  std::vector<uint8_t> packed(bytes_per_rank * static_cast<size_t>(world_size()));
+  run_all_gather(send, packed.data(), bytes_per_rank);
+  for (int w = 0; w < world_size(); ++w) {
+    std::memcpy(static_cast<uint8_t*>(recv) + recv_stride * w, packed.data() + bytes_per_rank * w,
+                bytes_per_rank);
+  }
 }
 
 }  // namespace gradcomp

@@ -153,8 +153,11 @@ uint64_t inter_node_bytes_sent(const CompressionConfig& config, int64_t numel, i
   return compressed_allreduce_bytes_sent(config, node_shard_numel(numel, local_world), nodes, step);
 }
 
-uint64_t intra_node_bytes_sent(int64_t numel, DType dtype, int local_world) {
-  return 2 * reduce_scatter_bytes(node_shard_numel(numel, local_world), dtype, local_world);
+uint64_t intra_node_bytes_sent(int64_t numel, DType dtype, int local_world, bool device_memory) {
+  const uint64_t agreement =
+      device_memory ? 0 : kNodeAgreementBytes * static_cast<uint64_t>(local_world - 1);
+  return 2 * reduce_scatter_bytes(node_shard_numel(numel, local_world), dtype, local_world) +
+         agreement;
 }
 
 uint64_t residual_bytes(const CompressionConfig& config, int64_t numel) {
@@ -557,20 +560,86 @@ void CompressedAllreduce::reduce_hierarchical(Bucket& b, const Segment* segments
                     segments[i].data, static_cast<size_t>(segments[i].numel) * esize);
     }
   }
-  blocking([&] {
-    node_->reduce_scatter_mean(in_place ? segments[0].data : b.node_send.get(), b.node_shard.get(),
-                               b.numel, dtype);
-  });
+  const uint8_t* bucket_in =
+      in_place ? static_cast<const uint8_t*>(segments[0].data) : b.node_send.get();
+  uint8_t* bucket_out = in_place ? static_cast<uint8_t*>(segments[0].data) : b.node_gathered.get();
   InFlight shard;
   shard.bucket = &b;
   shard.segments = {Segment{b.node_shard.get(), 0, b.numel}};
   shard.dtype = dtype;
-  post_compressed(b, shard, shard.segments.data(), 1);
-  finish_compressed(b, shard);
-  if (in_place) {
-    blocking([&] { node_->all_gather(b.node_shard.get(), segments[0].data, shard_bytes); });
-  } else {
-    blocking([&] { node_->all_gather(b.node_shard.get(), b.node_gathered.get(), shard_bytes); });
+  detail::CollectiveQueue& node_queue = node_collectives_for(b);
+  try {
+    if (pipelines_node_stages(b)) {
+      // Piece p of every inter-node chunk is reduced inside the node (a strided reduce-scatter of
+      // that piece of every local rank's shard) while earlier pieces are encoded and on the
+      // wire, and gathered back inside the node while later pieces are decoded.
+      const int nodes = comm_.world_size();
+      auto piece_range = [&](int c, int p) {
+        return std::make_pair(static_cast<size_t>(b.piece_begin(c, p)) * esize,
+                              static_cast<size_t>(b.piece_numel(c, p)));
+      };
+      std::vector<uint64_t> reduced(b.pieces);
+      for (int p = 0; p < b.pieces; ++p) {
+        for (int c = 0; c < nodes; ++c) {
+          const auto [at, n] = piece_range(c, p);
+          if (n == 0) continue;
+          uint8_t* out = b.node_shard.get() + at;
+          const uint8_t* in = bucket_in + at;
+          const int64_t stride = b.numel;
+          reduced[p] = node_queue.post([this, in, out, n, stride, dtype] {
+            node_->reduce_scatter_mean_strided(in, stride, out, static_cast<int64_t>(n), dtype);
+          });
+        }
+      }
+      std::exception_ptr rejected;
+      bool node_failed = false;  // the node's reduce-scatter, not the exchange between nodes
+      try {
+        post_q4_two_phase(b, shard, shard.segments.data(), 1, static_cast<uint8_t>(dtype),
+                          [&](int p) {
+                            try {
+                              node_queue.wait(reduced[p]);
+                            } catch (...) {
+                              node_failed = true;
+                              throw;
+                            }
+                          });
+        check_q4_two_phase(b, shard);
+      } catch (...) {
+        rejected = node_failed ? std::current_exception() : between_nodes(std::current_exception());
+      }
+      agree_in_node(b, rejected);
+      decode_q4_two_phase(b, shard, [&](int p) {
+        for (int c = 0; c < nodes; ++c) {
+          const auto [at, n] = piece_range(c, p);
+          if (n == 0) continue;
+          const uint8_t* in = b.node_shard.get() + at;
+          uint8_t* out = bucket_out + at;
+          const size_t bytes = n * esize;
+          node_queue.post([this, in, out, bytes, shard_bytes] {
+            node_->all_gather_strided(in, out, bytes, shard_bytes);
+          });
+        }
+      });
+      // The last ticket: every piece's allgather is done.
+      node_queue.wait(node_queue.post([] {}));
+    } else {
+      node_blocking(
+          [&] { node_->reduce_scatter_mean(bucket_in, b.node_shard.get(), b.numel, dtype); });
+      std::exception_ptr rejected;
+      try {
+        post_compressed(b, shard, shard.segments.data(), 1);
+        finish_compressed(b, shard);
+      } catch (...) {
+        rejected = between_nodes(std::current_exception());
+      }
+      agree_in_node(b, rejected);
+      node_blocking([&] { node_->all_gather(b.node_shard.get(), bucket_out, shard_bytes); });
+    }
+  } catch (...) {
+    node_queue.drain();
+    throw;
+  }
+  if (!in_place) {
     for (int i = 0; i < num_segments; ++i) {
       backend_.copy(segments[i].data,
                     b.node_gathered.get() + static_cast<size_t>(segments[i].offset) * esize,
@@ -585,6 +654,58 @@ void CompressedAllreduce::reduce_hierarchical(Bucket& b, const Segment* segments
   scan.dtype = static_cast<uint8_t>(dtype);
   scan.numel = b.full_numel;
   backend_.scan_nonfinite(scan);
+}
+
+bool CompressedAllreduce::pipelines_node_stages(const Bucket& b) const {
+  return node_ != nullptr && !backend_.is_cuda() && config_.codec == Codec::kQ4 &&
+         config_.q4_algorithm == Q4Algorithm::kTwoPhase && config_.piece_numel != 0 && b.pieces > 1;
+}
+
+std::exception_ptr CompressedAllreduce::between_nodes(std::exception_ptr error) const {
+  // The exchange's errors name its own ranks (one per node).
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    const int local = local_world_size();
+    std::ostringstream o;
+    o << "in the exchange between nodes, whose rank i is global rank " << local << " i + "
+      << global_rank_ % local << ": " << e.what();
+    return std::make_exception_ptr(Error(o.str()));
+  } catch (...) {
+    return error;
+  }
+}
+
+void CompressedAllreduce::agree_in_node(const Bucket& b, std::exception_ptr rejected) {
+  // Each local rank decodes other payloads (its own shard's), so one may reject what the others
+  // accepted; they must not wait for its allgather until the transport's timeout. On a device the
+  // decodes report later, through the stream (synchronize), and nothing is agreed here.
+  if (backend_.is_cuda()) {
+    if (rejected) std::rethrow_exception(rejected);
+    return;
+  }
+  const int local = local_world_size();
+  const int32_t mine = rejected ? 1 : 0;
+  static_assert(sizeof mine == kNodeAgreementBytes, "the agreement is one word per rank");
+  std::vector<int32_t> all(local);
+  try {
+    Buffer send(backend_, sizeof mine), recv(backend_, sizeof mine * local);
+    backend_.copy_from_host(send.get(), &mine, sizeof mine);
+    node_blocking([&] { node_->all_gather(send.get(), recv.get(), sizeof mine); });
+    backend_.copy_to_host(all.data(), recv.get(), sizeof mine * local);
+  } catch (...) {
+    // The first error is the one to report; a node that cannot agree has failed anyway.
+    if (rejected) std::rethrow_exception(rejected);
+    throw;
+  }
+  if (rejected) std::rethrow_exception(rejected);
+  const int node = comm_.rank();
+  for (int w = 0; w < local; ++w) {
+    GRADCOMP_CHECK(all[w] == 0, "bucket " << b.id << ": rank " << node * local + w
+                                          << " (local rank " << w << " of node " << node
+                                          << ") rejected a payload of its shard, so rank "
+                                          << global_rank_ << " stops the bucket too");
+  }
 }
 
 void CompressedAllreduce::post_compressed(Bucket& b, InFlight& f, const Segment* segments,
@@ -653,7 +774,8 @@ void CompressedAllreduce::set_residuals(Q4EncodeParams& e, Buffer* residual, con
 }
 
 void CompressedAllreduce::post_q4_two_phase(Bucket& b, InFlight& f, const Segment* source,
-                                            int num_source, uint8_t source_dtype) {
+                                            int num_source, uint8_t source_dtype,
+                                            const std::function<void(int)>& before_piece) {
   const int world = comm_.world_size();
   const int rank = comm_.rank();
   const uint64_t slot_bytes = b.q4_slot_bytes;
@@ -664,6 +786,7 @@ void CompressedAllreduce::post_q4_two_phase(Bucket& b, InFlight& f, const Segmen
   f.tickets.assign(pieces, 0);
 
   auto scatter = [&](int p) {
+    if (before_piece) before_piece(p);
     for (int c = 0; c < world; ++c) {
       Q4EncodeParams e = q4_encode_params(source, num_source, source_dtype, b.piece_begin(c, p),
                                           b.piece_numel(c, p), config_.q4, rng(b, 0),
@@ -706,39 +829,46 @@ void CompressedAllreduce::post_q4_two_phase(Bucket& b, InFlight& f, const Segmen
 }
 
 void CompressedAllreduce::finish_q4_two_phase(Bucket& b, InFlight& f) {
+  check_q4_two_phase(b, f);
+  decode_q4_two_phase(b, f, nullptr);
+}
+
+void CompressedAllreduce::check_q4_two_phase(Bucket& b, InFlight& f) {
   const int world = comm_.world_size();
-  const uint64_t slot_bytes = b.q4_slot_bytes;
-  const int pieces = b.pieces;
   wait_tickets(f);
   // Every payload is checked before any is decoded, so a bad one leaves the bucket as it was
   // (the bucket was the input of the encodes until the last of them).
-  std::vector<const uint8_t*> payloads(static_cast<size_t>(pieces) * world);
-  std::vector<int64_t> sizes(payloads.size());
-  for (int p = 0; p < pieces; ++p) {
+  std::vector<const uint8_t*> payloads(world);
+  std::vector<int64_t> sizes(world);
+  for (int p = 0; p < b.pieces; ++p) {
     for (int w = 0; w < world; ++w) {
-      payloads[p * world + w] = b.q4_slot(b.gathered, p, w, world);
-      sizes[p * world + w] = b.piece_numel(w, p);
+      payloads[w] = b.q4_slot(b.gathered, p, w, world);
+      sizes[w] = b.piece_numel(w, p);
     }
-  }
-  for (int p = 0; p < pieces; ++p) {
     PayloadCheckParams check;  // one piece's payloads, in rank order (errors name the rank)
-    check.payloads = payloads.data() + p * world;
+    check.payloads = payloads.data();
     check.num_payloads = world;
-    check.payload_bytes = slot_bytes;
-    check.numel = sizes.data() + p * world;
+    check.payload_bytes = b.q4_slot_bytes;
+    check.numel = sizes.data();
     check.codec = format::kCodecQ4;
     check.param = static_cast<uint32_t>(config_.q4.block_size);
     backend_.check_payloads(check);
   }
+}
+
+void CompressedAllreduce::decode_q4_two_phase(Bucket& b, InFlight& f,
+                                              const std::function<void(int)>& after_piece) {
+  const int world = comm_.world_size();
   const uint8_t code = static_cast<uint8_t>(f.dtype);
   const int num_segments = static_cast<int>(f.segments.size());
-  for (int p = 0; p < pieces; ++p) {
+  for (int p = 0; p < b.pieces; ++p) {
     for (int w = 0; w < world; ++w) {
-      const uint8_t* payload = payloads[p * world + w];
-      backend_.q4_decode(q4_decode_params(&payload, 1, slot_bytes, b.piece_numel(w, p), config_.q4,
-                                          f.segments.data(), num_segments, code,
+      const uint8_t* payload = b.q4_slot(b.gathered, p, w, world);
+      backend_.q4_decode(q4_decode_params(&payload, 1, b.q4_slot_bytes, b.piece_numel(w, p),
+                                          config_.q4, f.segments.data(), num_segments, code,
                                           b.piece_begin(w, p), static_cast<float>(world)));
     }
+    if (after_piece) after_piece(p);
   }
 }
 
@@ -763,15 +893,29 @@ void CompressedAllreduce::blocking(const std::function<void()>& collective) {
   }
 }
 
+detail::CollectiveQueue& CompressedAllreduce::node_collectives_for(const Bucket& b) {
+  if (!node_collectives_) node_collectives_ = std::make_unique<detail::CollectiveQueue>();
+  if (pipelines_node_stages(b) && !node_collectives_->threaded()) node_collectives_->start(carry_);
+  return *node_collectives_;
+}
+
+void CompressedAllreduce::node_blocking(const std::function<void()>& collective) {
+  if (!node_collectives_) node_collectives_ = std::make_unique<detail::CollectiveQueue>();
+  detail::CollectiveQueue& queue = *node_collectives_;
+  queue.wait(queue.post(collective));
+}
+
 void CompressedAllreduce::set_context_carrier(
     std::function<std::function<void()>(std::function<void()>)> carry) {
-  GRADCOMP_CHECK(!collectives_ || !collectives_->threaded(),
+  GRADCOMP_CHECK((!collectives_ || !collectives_->threaded()) &&
+                     (!node_collectives_ || !node_collectives_->threaded()),
                  "set_context_carrier after the collectives' thread started");
   carry_ = std::move(carry);
 }
 
 double CompressedAllreduce::blocked_seconds() const {
-  return collectives_ ? collectives_->blocked_seconds() : 0.0;
+  return (collectives_ ? collectives_->blocked_seconds() : 0.0) +
+         (node_collectives_ ? node_collectives_->blocked_seconds() : 0.0);
 }
 
 void CompressedAllreduce::post_q4_one_phase(Bucket& b, InFlight& f, const Segment* segments,

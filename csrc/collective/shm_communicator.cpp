@@ -217,13 +217,18 @@ void ShmCommunicator::barrier(const char* what) {
 }
 
 void ShmCommunicator::run_all_gather(const void* send, void* recv, size_t bytes) {
+  run_all_gather_strided(send, recv, bytes, bytes);
+}
+
+void ShmCommunicator::run_all_gather_strided(const void* send, void* recv, size_t bytes,
+                                             size_t recv_stride) {
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
   for (size_t off = 0; off < bytes; off += slot_bytes_) {
     const size_t n = std::min(slot_bytes_, bytes - off);
     std::memcpy(slot(rank_), in + off, n);
     barrier("all_gather");
-    for (int w = 0; w < world_; ++w) std::memcpy(out + bytes * w + off, slot(w), n);
+    for (int w = 0; w < world_; ++w) std::memcpy(out + recv_stride * w + off, slot(w), n);
     barrier("all_gather");
   }
 }
@@ -268,6 +273,12 @@ void ShmCommunicator::mean_of_slots(size_t piece_offset, int64_t numel, DType dt
 
 void ShmCommunicator::run_reduce_scatter_mean(const void* send, void* recv, int64_t numel_per_rank,
                                               DType dtype) {
+  run_reduce_scatter_mean_strided(send, numel_per_rank, recv, numel_per_rank, dtype);
+}
+
+void ShmCommunicator::run_reduce_scatter_mean_strided(const void* send, int64_t send_stride,
+                                                      void* recv, int64_t numel_per_rank,
+                                                      DType dtype) {
   const size_t esize = dtype_size(dtype);
   const int64_t piece = static_cast<int64_t>(slot_bytes_ / esize / static_cast<size_t>(world_));
   const auto* in = static_cast<const uint8_t*>(send);
@@ -276,7 +287,7 @@ void ShmCommunicator::run_reduce_scatter_mean(const void* send, void* recv, int6
     const int64_t n = std::min(piece, numel_per_rank - off);
     for (int w = 0; w < world_; ++w) {
       std::memcpy(slot(rank_) + static_cast<size_t>(piece * w) * esize,
-                  in + static_cast<size_t>(numel_per_rank * w + off) * esize,
+                  in + static_cast<size_t>(send_stride * w + off) * esize,
                   static_cast<size_t>(n) * esize);
     }
     barrier("reduce_scatter");

@@ -2,12 +2,14 @@
 // bytes on the wire, layout checks, non-finite steps and checkpoint round trips.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <exception>
 #include <functional>
 #include <thread>
 
 #include "gradcomp/collectives.h"
+#include "gradcomp/fault_injection.h"
 #include "gradcomp/inprocess_group.h"
 #include "run_ranks.h"
 #include "test_util.h"
@@ -568,6 +570,81 @@ TEST(Hierarchical, NonFiniteInOneShardReachesEveryRankAndKeepsEveryResidual) {
       EXPECT_EQ(finite[r], 0) << v.name << " rank " << r;
       EXPECT_TRUE(any_nonfinite[r]) << v.name << " rank " << r;
       EXPECT_TRUE(state_kept[r]) << v.name << " rank " << r;
+    }
+  }
+}
+
+// Bad bytes reach only the ranks of one exchange between nodes (local rank 1 on each node). The
+// other local ranks accepted their own exchange's payloads; the node agrees before its allgather,
+// so they raise at once too (not at the transport's timeout), no bucket is written, and the
+// retried step computes what a fault-free run does.
+TEST(Hierarchical, BadBytesInOneExchangeBetweenNodesStopEveryRankAtOnceAndARetryIsExact) {
+  std::vector<Variant> cases = variants();
+  cases[0].config.piece_numel = 0;  // q4 two-phase in one piece; cases[4]: many pieces
+  for (const Variant& v : cases) {
+    for (int64_t n : {4000, 4099}) {  // in place, and through the padded buffer
+      const int nodes = 2, local = 2, world = nodes * local;
+      const int64_t shard = node_shard_numel(n, local);
+      const bool two_phase =
+          v.config.codec == Codec::kQ4 && v.config.q4_algorithm == Q4Algorithm::kTwoPhase;
+      // all_gathers between nodes per step (one per piece), after step 0's layout check: the
+      // damaged one is step 1's middle one (a last piece may be empty on rank 1: all padding).
+      const uint64_t per_step = two_phase ? q4_pieces(v.config, shard, nodes) : 1;
+      auto run = [&](bool damage, std::vector<std::string>* errors, std::vector<char>* untouched,
+                     std::chrono::steady_clock::duration* took) {
+        testing::NodeGrid grid(nodes, local, 30.0);
+        std::vector<std::vector<float>> out(world);
+        const auto start = std::chrono::steady_clock::now();
+        testing::run_grid(grid, [&](int rank, NodeGroups groups) {
+          FaultSpec spec;
+          spec.action =
+              damage && rank % local == 1 ? FaultSpec::Action::kFlipBits : FaultSpec::Action::kNone;
+          spec.call = 1 + per_step + per_step / 2;
+          spec.rank = 1;
+          FaultInjectingCommunicator inter(*groups.inter_node, spec);
+          auto backend = make_cpu_backend();
+          CompressedAllreduce engine(NodeGroups{groups.intra_node, &inter}, *backend, v.config);
+          for (uint32_t step = 0; step < 3; ++step) {
+            engine.set_step(step);
+            HostTensor x = step_inputs(world, n, step)[rank];
+            Segment seg = x.segment();
+            try {
+              engine.allreduce(&seg, 1, DType::kFloat32, 5);
+            } catch (const Error& e) {
+              (*errors)[rank] = e.what();
+              (*untouched)[rank] = x.floats() == step_inputs(world, n, step)[rank].floats();
+              if (rank == 0) *took = std::chrono::steady_clock::now() - start;
+              engine.allreduce(&seg, 1, DType::kFloat32, 5);
+            }
+            const std::vector<float> f = x.floats();
+            out[rank].insert(out[rank].end(), f.begin(), f.end());
+          }
+        });
+        return out;
+      };
+      std::vector<std::string> errors(world), none(world);
+      std::vector<char> untouched(world), unused(world);
+      std::chrono::steady_clock::duration took{}, unused_took{};
+      const auto expect = run(false, &none, &unused, &unused_took);
+      const auto got = run(true, &errors, &untouched, &took);
+      const std::string where = std::string(v.name) + " n=" + std::to_string(n);
+      EXPECT_LT(took, std::chrono::seconds(10)) << where;
+      for (int r = 0; r < world; ++r) {
+        EXPECT_TRUE(none[r].empty()) << where << ": " << none[r];
+        EXPECT_TRUE(untouched[r]) << where << " rank " << r << ": the refused bucket was written";
+        EXPECT_EQ(got[r], expect[r]) << where << " rank " << r;
+        if (r % local == 1) {
+          EXPECT_NE(errors[r].find("in the exchange between nodes, whose rank i is global rank "
+                                   "2 i + 1"),
+                    std::string::npos)
+              << where << ": " << errors[r];
+          EXPECT_NE(errors[r].find("(from rank 1) rejected"), std::string::npos) << errors[r];
+        } else {
+          const std::string named = "rank " + std::to_string(r + 1) + " (local rank 1 of node " +
+                                    std::to_string(r / local) + ") rejected a payload";
+          EXPECT_NE(errors[r].find(named), std::string::npos) << where << ": " << errors[r];
+        }
+      }
     }
   }
 }

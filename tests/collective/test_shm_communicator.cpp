@@ -99,6 +99,56 @@ TEST(ShmCommunicator, EveryCollectiveEqualsTheInProcessTransportInPiecesLargerTh
   }
 }
 
+// One piece of every rank's shard, reduced and gathered where it lies (a stride between the
+// ranks' slices): the packed calls' results on both transports (the in-process one packs through
+// Communicator's default), and the strided bytes outside the slices are left alone.
+TEST(ShmCommunicator, StridedCollectivesEqualThePackedOnes) {
+  for (int world : {1, 2, 3}) {
+    for (size_t slot : {size_t{256}, size_t{1} << 20}) {
+      const int64_t n = 301, stride = 517;  // slice of n elements every `stride`
+      compare_with_inprocess(
+          world, slot,
+          [&](int r, Communicator& c) {
+            const std::vector<float> spread = testing::normal_floats(stride * world, r);
+            std::vector<float> packed(n * world), strided(n), whole(n);
+            for (int w = 0; w < world; ++w)
+              std::copy_n(spread.begin() + stride * w, n, packed.begin() + n * w);
+            c.reduce_scatter_mean(packed.data(), whole.data(), n, DType::kFloat32);
+            c.reduce_scatter_mean_strided(spread.data(), stride, strided.data(), n,
+                                          DType::kFloat32);
+            EXPECT_EQ(bytes_of(strided), bytes_of(whole)) << "reduce_scatter rank " << r;
+            return bytes_of(strided);
+          },
+          "reduce_scatter_strided");
+      compare_with_inprocess(
+          world, slot,
+          [&](int r, Communicator& c) {
+            const std::vector<float> send = testing::normal_floats(n, r);
+            std::vector<float> packed(n * world), spread(stride * world, -1.0f);
+            c.all_gather(send.data(), packed.data(), n * 4);
+            c.all_gather_strided(send.data(), spread.data(), n * 4, stride * 4);
+            for (int w = 0; w < world; ++w) {
+              for (int64_t i = 0; i < stride; ++i) {
+                const float want = i < n ? packed[n * w + i] : -1.0f;
+                EXPECT_TRUE(testing::same_bits(spread[stride * w + i], want))
+                    << "all_gather rank " << r << " slice " << w << " element " << i;
+              }
+            }
+            return bytes_of(spread);
+          },
+          "all_gather_strided");
+    }
+  }
+}
+
+TEST(ShmCommunicator, StridedCollectivesRefuseAStrideShorterThanASlice) {
+  InProcessGroup group(1);
+  Communicator& c = group.communicator(0);
+  std::vector<float> a(10), b(10);
+  EXPECT_THROW(c.reduce_scatter_mean_strided(a.data(), 4, b.data(), 5, DType::kFloat32), Error);
+  EXPECT_THROW(c.all_gather_strided(a.data(), b.data(), 20, 16), Error);
+}
+
 TEST(ShmCommunicator, CountsBytesAsTheFormulasSay) {
   const std::string name = unique_name("bytes");
   std::vector<std::thread> threads;
@@ -162,10 +212,14 @@ TEST(ShmCommunicator, WorksAcrossProcesses) {
 
 // A hierarchical allreduce with shared-memory node groups equals the one with in-process node
 // groups, byte for byte (the two transports round the node mean alike).
-TEST(ShmCommunicator, AsTheIntraNodeGroupOfAHierarchicalAllreduce) {
+// In pieces (piece_numel 512), the node's reduce-scatter and allgather run piece by piece, strided.
+class ShmNodeGroup : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(ShmNodeGroup, AsTheIntraNodeGroupOfAHierarchicalAllreduce) {
   const int nodes = 2, local = 2, world = 4;
   CompressionConfig config;
   config.seed = 9;
+  config.piece_numel = GetParam();
   std::vector<std::vector<uint8_t>> with_shm(world), in_process(world);
   const std::string names[2] = {unique_name("node0"), unique_name("node1")};
   for (bool shm : {true, false}) {
@@ -191,6 +245,10 @@ TEST(ShmCommunicator, AsTheIntraNodeGroupOfAHierarchicalAllreduce) {
   }
   for (int r = 0; r < world; ++r) EXPECT_EQ(with_shm[r], in_process[r]) << "rank " << r;
 }
+
+INSTANTIATE_TEST_SUITE_P(OneAndManyPieces, ShmNodeGroup,
+                         ::testing::Values(int64_t{0}, CompressionConfig::kDefaultPieceNumel,
+                                           int64_t{512}));
 
 TEST(ShmCommunicator, AMissingPeerIsNamedAndTheOthersGiveUpToo) {
   const std::string name = unique_name("missing");

@@ -92,7 +92,7 @@ def equality(rank, world, local, n, transport):
             shard = -(-n // local)
             chunk = max(64, -(-(-(-shard // nodes)) // 64) * 64)
             expect_inter = 2 * (nodes - 1) * q4_payload_bytes(chunk)
-            expect_intra = 2 * (local - 1) * shard * 4
+            expect_intra = 2 * (local - 1) * shard * 4 + 4 * (local - 1)  # + the agreement word
             assert stats["inter_node_bytes"] == expect_inter, (stats, expect_inter)
             assert stats["bytes_sent"] == expect_inter + expect_intra, (stats, expect_intra)
     return out

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <list>
 #include <map>
@@ -92,10 +93,13 @@ struct NodeGroups {
 int64_t node_shard_numel(int64_t numel, int local_world);
 // Bytes one rank sends in one hierarchical allreduce: across nodes, the compressed allreduce of
 // its shard among `nodes` ranks; inside the node, the reduce-scatter and allgather of the shards
-// in the bucket dtype.
+// in the bucket dtype and, on host memory, the node's agreement that every local rank accepted
+// its payloads (kNodeAgreementBytes from each rank).
 uint64_t inter_node_bytes_sent(const CompressionConfig& config, int64_t numel, int nodes,
                                int local_world, uint32_t step = ~0u);
-uint64_t intra_node_bytes_sent(int64_t numel, DType dtype, int local_world);
+constexpr uint64_t kNodeAgreementBytes = 4;
+uint64_t intra_node_bytes_sent(int64_t numel, DType dtype, int local_world,
+                               bool device_memory = false);
 
 // Bytes of a bucket's residuals (phase 1 / whole bucket, and the own-chunk residual of two-phase
 // q4; 0 when the configuration keeps none), for checking checkpoints.
@@ -202,8 +206,22 @@ class CompressedAllreduce {
   void end_bucket(Bucket& b);
   // Encodes `source` (the bucket itself, or top-k's accumulated gradient).
   void post_q4_two_phase(Bucket& b, InFlight& f, const Segment* source, int num_source,
-                         uint8_t source_dtype);
+                         uint8_t source_dtype,
+                         const std::function<void(int)>& before_piece = nullptr);
   void finish_q4_two_phase(Bucket& b, InFlight& f);
+  // finish_q4_two_phase's halves: every payload checked (throws, writing nothing), then the
+  // pieces decoded one after another.
+  void check_q4_two_phase(Bucket& b, InFlight& f);
+  void decode_q4_two_phase(Bucket& b, InFlight& f, const std::function<void(int)>& after_piece);
+  // Hierarchical: whether the intra-node stages run piece by piece beside the inter-node ones
+  // (host memory, two-phase q4 in pieces); the node's queue for them; and the node's agreement,
+  // before its allgather, on whether any local rank rejected a payload (rethrows `rejected`).
+  bool pipelines_node_stages(const Bucket& b) const;
+  detail::CollectiveQueue& node_collectives_for(const Bucket& b);
+  void node_blocking(const std::function<void()>& collective);
+  void agree_in_node(const Bucket& b, std::exception_ptr rejected);
+  // An error of the exchange between nodes, told which global ranks its ranks are.
+  std::exception_ptr between_nodes(std::exception_ptr error) const;
   void post_q4_one_phase(Bucket& b, InFlight& f, const Segment* segments, int num_segments);
   void finish_q4_one_phase(Bucket& b, InFlight& f);
   void post_topk(Bucket& b, InFlight& f, const Segment* segments, int num_segments);
@@ -233,6 +251,7 @@ class CompressedAllreduce {
   CompressionState pending_;  // loaded state for buckets not yet seen
   std::function<std::function<void()>(std::function<void()>)> carry_;
   std::unique_ptr<detail::CollectiveQueue> collectives_;
+  std::unique_ptr<detail::CollectiveQueue> node_collectives_;  // hierarchical: the node's
   // Begun buckets, oldest first (a list: InFlight is incomplete here).
   std::list<InFlight> in_flight_;
 };

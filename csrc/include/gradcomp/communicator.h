@@ -37,6 +37,13 @@ class Communicator {
   // (world_size() slices of numel_per_rank elements), rounded as allreduce_mean rounds. send is
   // left as it was.
   void reduce_scatter_mean(const void* send, void* recv, int64_t numel_per_rank, DType dtype);
+  // The same two with each rank's slice at a stride (send_stride >= numel_per_rank elements,
+  // recv_stride >= bytes_per_rank bytes): one piece of every rank's shard of a bucket, reduced
+  // or gathered in place, without packing the pieces first. The same bytes and results as the
+  // packed calls.
+  void reduce_scatter_mean_strided(const void* send, int64_t send_stride, void* recv,
+                                   int64_t numel_per_rank, DType dtype);
+  void all_gather_strided(const void* send, void* recv, size_t bytes_per_rank, size_t recv_stride);
 
   // Bytes this rank has put on the wire (its own slot is not counted; a plain allreduce counts
   // as ring_allreduce_bytes).
@@ -51,6 +58,12 @@ class Communicator {
   virtual void run_allreduce_mean(void* data, int64_t numel, DType dtype) = 0;
   virtual void run_reduce_scatter_mean(const void* send, void* recv, int64_t numel_per_rank,
                                        DType dtype) = 0;
+  // By default (host memory only) through a packed copy and the calls above; a transport that
+  // can address the slices where they lie overrides them.
+  virtual void run_reduce_scatter_mean_strided(const void* send, int64_t send_stride, void* recv,
+                                               int64_t numel_per_rank, DType dtype);
+  virtual void run_all_gather_strided(const void* send, void* recv, size_t bytes_per_rank,
+                                      size_t recv_stride);
 
  private:
   template <typename F>

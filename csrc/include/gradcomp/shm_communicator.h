@@ -36,6 +36,10 @@ class ShmCommunicator final : public Communicator {
   void run_allreduce_mean(void* data, int64_t numel, DType dtype) override;
   void run_reduce_scatter_mean(const void* send, void* recv, int64_t numel_per_rank,
                                DType dtype) override;
+  void run_reduce_scatter_mean_strided(const void* send, int64_t send_stride, void* recv,
+                                       int64_t numel_per_rank, DType dtype) override;
+  void run_all_gather_strided(const void* send, void* recv, size_t bytes_per_rank,
+                              size_t recv_stride) override;
 
  private:
   void barrier(const char* what);

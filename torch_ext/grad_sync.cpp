@@ -216,6 +216,7 @@ GradSync::Impl::Impl(std::vector<at::Tensor> parameters, std::vector<std::string
     groups = node_comms_.groups();
     engine_opts.local_world_size = nodes_.intra_node->getSize();
   }
+  engine_opts.worker_cpus = options_.worker_cpus;
   engine_ = std::make_unique<BucketEngine>(std::move(engine_opts));
   engine_->bind(*comm_, backend_.get(), groups);
   ready_.assign(params_.size(), 0);
@@ -599,6 +600,14 @@ int GradSync::rank() const {
 
 int GradSync::world_size() const {
   return impl_->group_->getSize();
+}
+
+std::vector<int> GradSync::worker_cpus() const {
+  return impl_->engine_->worker_cpus();
+}
+
+std::string GradSync::worker_placement() const {
+  return impl_->engine_->worker_placement();
 }
 
 EngineState GradSync::state() const {

@@ -147,9 +147,11 @@ PYBIND11_MODULE(_C, m) {
                nodes.intra_node = intra_node.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
                nodes.inter_node = inter_node.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
              }
-             return std::make_shared<DdpHook>(pg, ddp_engine_options(parse_codec(options)),
-                                              parse_timeout(options), parse_fault(options),
-                                              std::move(nodes), shm_name);
+             gradcomp::EngineOptions engine = ddp_engine_options(parse_codec(options));
+             if (options.contains("worker_cpus"))
+               engine.worker_cpus = options["worker_cpus"].cast<std::string>();
+             return std::make_shared<DdpHook>(pg, std::move(engine), parse_timeout(options),
+                                              parse_fault(options), std::move(nodes), shm_name);
            }),
            py::arg("process_group"), py::arg("options"), py::arg("intra_node") = py::none(),
            py::arg("inter_node") = py::none(), py::arg("shm_name") = "")
@@ -180,6 +182,8 @@ PYBIND11_MODULE(_C, m) {
            [](const DdpHook& h) { return stats_dict(h.engine().last_step_stats()); })
       .def("total_stats", [](const DdpHook& h) { return stats_dict(h.engine().total_stats()); })
       .def("world_size", &DdpHook::world_size)
+      .def("worker_cpus", [](const DdpHook& h) { return h.engine().worker_cpus(); })
+      .def("worker_placement", [](const DdpHook& h) { return h.engine().worker_placement(); })
       .def("state_dict",
            [](const DdpHook& h) {
              const EngineState s = h.engine().state();

@@ -9,6 +9,7 @@
 #include <iomanip>
 
 #include "gradcomp/engine.h"
+#include "worker_cpus.h"
 
 namespace gradcomp {
 
@@ -89,6 +90,7 @@ uint64_t bucket_identity(int64_t index, int64_t numel, DType dtype,
 
 BucketEngine::BucketEngine(EngineOptions options) : options_(std::move(options)) {
   if (options_.compress) options_.config.validate();
+  detail::parse_cpu_request(options_.worker_cpus);
   pending_.compression.seed = options_.config.seed;
   pending_.world_size = options_.world_size;
   pending_.local_world_size = options_.local_world_size;
@@ -106,6 +108,11 @@ BucketEngine::~BucketEngine() {
 void BucketEngine::bind(Communicator& comm, Backend* backend, NodeGroups groups) {
   std::lock_guard<std::mutex> lock(state_mu_);
   GRADCOMP_CHECK(comm_ == nullptr, "the bucket engine is already bound to a transport");
+  const bool queued = backend != nullptr ? backend->is_cuda() : comm.device_memory();
+  std::string placement = "no worker thread: CUDA buckets are queued in stream order";
+  const std::vector<int> cpus =
+      queued ? std::vector<int>{}
+             : detail::place_worker(detail::parse_cpu_request(options_.worker_cpus), &placement);
   GRADCOMP_CHECK(backend != nullptr || !options_.compress,
                  "a compressing bucket engine needs a backend");
   check_same_world(pending_.world_size, comm.world_size());
@@ -136,13 +143,31 @@ void BucketEngine::bind(Communicator& comm, Backend* backend, NodeGroups groups)
   pending_.local_world_size = local;
   comm_ = &comm;
   backend_ = backend;
-  queued_ = backend != nullptr ? backend->is_cuda() : comm.device_memory();
-  if (!queued_) worker_ = std::thread([this] { worker_loop(); });
+  queued_ = queued;
+  if (!queued_) {
+    worker_ = std::thread([this] { worker_loop(); });
+    detail::set_thread_cpus(worker_, cpus);
+  }
+  {
+    std::lock_guard<std::mutex> stats_lock(stats_mu_);
+    worker_placement_ = placement;
+    if (!queued_) worker_cpus_ = detail::thread_cpus(worker_);
+  }
   bound_ = true;
 }
 
 bool BucketEngine::bound() const {
   return bound_;
+}
+
+std::vector<int> BucketEngine::worker_cpus() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return worker_cpus_;
+}
+
+std::string BucketEngine::worker_placement() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return worker_placement_;
 }
 
 std::function<void()> BucketEngine::wrapped(std::function<void()> task) const {

@@ -9,7 +9,8 @@
 // per gradient after backward, what C++ programs do without it). --local-world-size L: L ranks
 // per node, uncompressed inside a node and compressed between nodes. --piece-numel N: the
 // pipeline's pieces and the overlap of consecutive buckets (0: each bucket whole, one after
-// another). The other flags serve the
+// another). --worker-cpus auto | inherit | LIST: where the thread compressing the buckets runs.
+// The other flags serve the
 // tests and benchmarks: checkpoints, gradient dumps, no_sync accumulation, unused parameters, step
 // timing.
 #include <gradcomp/torch.h>
@@ -194,6 +195,7 @@ int run(const Flags& f) {
     o.first_bucket_cap_bytes = static_cast<int64_t>(f.real("first-bucket-cap-mb", 1.0) * (1 << 20));
     // Ranks per node for the hierarchical scheme (0: torchrun's LOCAL_WORLD_SIZE; 1: flat).
     o.local_world_size = static_cast<int>(f.num("local-world-size", 1));
+    o.worker_cpus = f.get("worker-cpus", "auto");
     sync = std::make_unique<gradcomp::GradSync>(*model, group, codec_spec(f), o);
   } else {
     for (const auto& p : params) {  // the same start on every rank, as GradSync does
@@ -325,14 +327,21 @@ int run(const Flags& f) {
   const double median = step_ms.empty() ? 0.0 : step_ms[step_ms.size() / 2];
   const double n = step_ms.empty() ? 1.0 : static_cast<double>(step_ms.size());
   gradcomp::ReductionStats total_stats;
-  if (sync) total_stats = sync->stats().total;
+  std::string worker_cpus;  // the worker's CPUs, as "0,1"
+  if (sync) {
+    total_stats = sync->stats().total;
+    for (int c : sync->worker_cpus())
+      worker_cpus += (worker_cpus.empty() ? "" : ",") + std::to_string(c);
+  }
   std::printf(
-      "{\"rank\": %d, \"world\": %d, \"codec\": \"%s\", \"accuracy\": %.6f, \"steps\": %lld, "
+      "{\"rank\": %d, \"world\": %d, \"codec\": \"%s\", \"worker_cpus\": \"%s\", "
+      "\"accuracy\": %.6f, \"steps\": %lld, "
       "\"step_ms\": %.4f, \"bytes_sent\": %llu, \"inter_node_bytes\": %llu, "
       "\"uncompressed_bytes\": %llu, "
       "\"backward_ms\": %.4f, \"reduction_ms\": %.4f, \"overlapped_ms\": %.4f, \"finish_wait_ms\": "
       "%.4f}\n",
-      rank, world, codec.c_str(), accuracy, static_cast<long long>(step_ms.size()), median,
+      rank, world, codec.c_str(), worker_cpus.c_str(), accuracy,
+      static_cast<long long>(step_ms.size()), median,
       static_cast<unsigned long long>(total_stats.bytes_sent),
       static_cast<unsigned long long>(total_stats.inter_node_bytes),
       static_cast<unsigned long long>(total_stats.uncompressed_bytes),

@@ -21,14 +21,25 @@ from .codecs import NoCompression, Q4, TopK
 __all__ = ["register", "Hook", "HookState", "comm_hook", "check_optimizer", "node_groups"]
 
 
-def _options(codec, timeout=None, fault=None) -> dict:
+def _worker_cpus(worker_cpus) -> str:
+    """"auto", "inherit", "0,2-3" or a list of CPU numbers, as the engine's CPU list string."""
+    if isinstance(worker_cpus, str):
+        return worker_cpus
+    if isinstance(worker_cpus, (list, tuple, set, frozenset, range)) and worker_cpus and all(
+            isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in worker_cpus):
+        return ",".join(str(c) for c in sorted(worker_cpus))
+    raise ValueError(f"worker_cpus must be 'auto', 'inherit', a CPU list such as '0,2-3' or a non-empty "
+                     f"list of CPU numbers, got {worker_cpus!r}")
+
+
+def _options(codec, timeout=None, fault=None, worker_cpus="auto") -> dict:
     codec = Q4() if codec is None else codec
     if not isinstance(codec, (Q4, TopK, NoCompression)):
         raise ValueError(f"codec must be gradcomp.Q4, gradcomp.TopK or gradcomp.NoCompression, got {codec!r}")
     if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
                                     and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    return {**codec._options(), "timeout": timeout, "fault": fault}
+    return {**codec._options(), "timeout": timeout, "fault": fault, "worker_cpus": _worker_cpus(worker_cpus)}
 
 
 _STATE_KEYS = {"format": int, "seed": int, "step": int, "started": bool, "residuals": dict,
@@ -164,6 +175,17 @@ class Hook:
         _check_state_dict(state_dict)
         self._native.load_state_dict(state_dict)
 
+    @property
+    def worker_cpus(self) -> list:
+        """The CPUs the hook's worker thread (CPU buckets) may run on, once the first bucket has
+        come; empty before, and for CUDA buckets (no worker thread)."""
+        return self._native.worker_cpus()
+
+    @property
+    def worker_placement(self) -> str:
+        """How ``worker_cpus`` was chosen (``register(..., worker_cpus=...)``)."""
+        return self._native.worker_placement()
+
 
 def check_optimizer(optimizer: torch.optim.Optimizer, codec) -> None:
     """Raises ValueError when ``optimizer`` does not fit ``codec``'s contract.
@@ -188,7 +210,8 @@ def check_optimizer(optimizer: torch.optim.Optimizer, codec) -> None:
 
 
 def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *, optimizer=None,
-             timeout=None, local_world_size=None, node_transport="shm", _fault=None) -> Hook:
+             timeout=None, local_world_size=None, node_transport="shm", worker_cpus="auto",
+             _fault=None) -> Hook:
     """Installs gradcomp as ``ddp_model``'s communication hook (call before the first backward).
 
     ``codec`` defaults to ``gradcomp.Q4()``. DDP allows one hook per model. ``optimizer``, when
@@ -198,13 +221,16 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *
     inside a node, compressed between nodes; see ``node_groups``), 1 for the flat scheme.
     ``node_transport``: how a node's ranks exchange CPU buckets, "shm" (shared memory) or
     "group" (the intra-node Gloo group); CUDA buckets always use the intra-node group (NCCL).
+    ``worker_cpus``: where the thread that compresses CPU buckets runs: "auto" (the CPUs of the
+    thread that runs backward, unless OpenMP bound it to one core: then also the cores no
+    thread is bound to), "inherit", or CPUs such as "6-7" or ``[6, 7]``.
     ``_fault`` is for gradcomp's own tests (a transport fault to inject).
     """
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(f"register expects a DistributedDataParallel model, got {type(ddp_model).__name__}")
     if optimizer is not None:
         check_optimizer(optimizer, Q4() if codec is None else codec)
-    options = _options(codec, timeout, _fault)
+    options = _options(codec, timeout, _fault, worker_cpus)
     intra, inter = node_groups(ddp_model.process_group, local_world_size)
     # CUDA buckets always use the intra-node group: no shared memory to name.
     on_cuda = any(p.is_cuda for p in ddp_model.parameters())
@@ -220,10 +246,10 @@ class HookState(Hook):
     """State object for the standard route: ``ddp_model.register_comm_hook(state, comm_hook)``."""
 
     def __init__(self, codec=None, process_group=None, *, optimizer=None, timeout=None,
-                 local_world_size=None, node_transport="shm", _fault=None):
+                 local_world_size=None, node_transport="shm", worker_cpus="auto", _fault=None):
         if optimizer is not None:
             check_optimizer(optimizer, Q4() if codec is None else codec)
-        self._options = _options(codec, timeout, _fault)
+        self._options = _options(codec, timeout, _fault, worker_cpus)
         # Made now, on every rank alike: creating groups later, inside backward, would be a
         # collective on the autograd thread.
         self._nodes = node_groups(process_group, local_world_size)
@@ -247,6 +273,14 @@ class HookState(Hook):
     def load_state_dict(self, state_dict: dict) -> None:
         self._ensure_native()
         super().load_state_dict(state_dict)
+
+    @property
+    def worker_cpus(self) -> list:
+        return [] if self._native is None else self._native.worker_cpus()
+
+    @property
+    def worker_placement(self) -> str:
+        return "" if self._native is None else self._native.worker_placement()
 
 
 def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -1,4 +1,6 @@
 """Multi-process tests of the DDP hook over real Gloo process groups (CPU)."""
+import os
+
 import pytest
 import torch
 
@@ -170,3 +172,33 @@ def test_grad_scaler_skips_the_step_on_every_rank():
 
 def test_profiler_shows_every_phase():
     assert all(launch("workers_ddp", "profiler_sees_phases", 2))
+
+
+@pytest.mark.parametrize("route", ["register", "standard"])
+def test_the_worker_runs_on_the_cpus_asked_for(route):
+    for cpus, placement, _ in launch("workers_ddp", "worker_cpus_placement", 2, route, [0]):
+        assert cpus == [0] and placement == "CPUs 0, as asked", (cpus, placement)
+    # By default (no OpenMP binding here) the worker keeps the CPUs of the thread running backward.
+    for cpus, placement, backward_cpus in launch("workers_ddp", "worker_cpus_placement", 2, route, "auto"):
+        assert cpus == backward_cpus and placement.startswith("inherited"), (cpus, placement)
+
+
+def test_under_openmp_binding_auto_lets_the_worker_off_backwards_core(monkeypatch):
+    """OMP_PROC_BIND binds the thread that starts OpenMP (the one running backward) to one core,
+    and every thread it starts would inherit that; the hook's worker may also use the free cores."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    monkeypatch.setenv("OMP_PROC_BIND", "true")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # else OpenMP binds a compute thread to every core
+    for cpus, placement, backward_cpus in launch("workers_ddp", "worker_cpus_placement", 2, "register", "auto"):
+        assert len(backward_cpus) == 1, backward_cpus  # OpenMP bound it
+        assert len(cpus) > 1 and backward_cpus[0] in cpus, (cpus, placement)
+        assert "OpenMP bound the binding thread" in placement, placement
+    for cpus, _, backward_cpus in launch("workers_ddp", "worker_cpus_placement", 2, "standard", "inherit"):
+        assert cpus == backward_cpus, (cpus, backward_cpus)
+
+
+@pytest.mark.parametrize("bad", [[], [-1], ["0"], 1.5, True])
+def test_bad_worker_cpus_are_refused_by_register_and_hook_state(bad):
+    with pytest.raises(ValueError, match="worker_cpus"):
+        gt.HookState(gradcomp.Q4(), worker_cpus=bad)

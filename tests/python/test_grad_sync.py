@@ -144,3 +144,11 @@ def test_a_non_finite_bf16_step_is_reported_on_every_rank(data):
     run = launch(2, ["--data", data, "--steps", 5, "--dtype", "bfloat16", "--nan-at", 3])
     reports = [line for line in run.lines if "nonfinite_buckets" in line and line.startswith("rank")]
     assert len(reports) == 2 and all(int(line.split()[-1]) >= 1 for line in reports), run.stdout
+
+
+def test_the_worker_runs_where_asked_and_a_missing_cpu_is_refused(data):
+    ranks = launch(2, ["--data", data, "--steps", 3, "--worker-cpus", "0"]).ranks
+    assert [r["worker_cpus"] for r in ranks] == ["0", "0"], ranks
+    run = launch(2, ["--data", data, "--steps", 3, "--worker-cpus", "1000"], timeout=120, check=False)
+    assert run.returncode != 0
+    assert "worker_cpus: CPU 1000 is not available to this process" in run.stderr, run.stderr[-2000:]

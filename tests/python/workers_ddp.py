@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 import torch.nn as nn
@@ -222,3 +223,17 @@ def find_unused_parameters_trains_alike_on_every_rank(rank, world, route):
     assert all(torch.equal(gathered[0], w) for w in gathered), "ranks' weights differ"
     assert hook.stats()["step"]["buckets"] >= 2, hook.stats()["step"]
     return True
+
+
+def worker_cpus_placement(rank, world, route, request):
+    """Trains two steps with the hook's worker placed as `request` asks; returns the worker's
+    CPUs, how they were chosen, and the CPUs of the thread that ran backward."""
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(MLP())
+    hook = hook_on_route(ddp, route, gradcomp.Q4(), worker_cpus=request)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for step in range(2):
+        opt.zero_grad()
+        ddp(torch.randn(16, 64)).pow(2).mean().backward()
+        opt.step()
+    return hook.worker_cpus, hook.worker_placement, sorted(os.sched_getaffinity(0))

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -100,6 +101,12 @@ struct EngineOptions {
   // The same for the collectives a reduction hands to its own thread (pieces of two-phase q4),
   // without wrap_task's range.
   std::function<std::function<void()>(std::function<void()>)> carry_context;
+  // The CPUs of the worker thread (host memory) and of the collectives threads it starts:
+  // "inherit" keeps the mask of the thread that calls bind(); a list such as "2,5-7" sets it;
+  // "auto" inherits it, unless OpenMP bound that thread to one CPU (OMP_PROC_BIND, OMP_PLACES,
+  // GOMP_CPU_AFFINITY, KMP_AFFINITY), which would make the codec share backward's core: then
+  // the worker may also run on every CPU of the process's cpuset no thread is bound to alone.
+  std::string worker_cpus = "auto";
 };
 
 // A bucket identity that is the same on every rank and across restarts: the bucket's position,
@@ -144,6 +151,10 @@ class BucketEngine {
   ReductionStats total_stats() const;
   std::vector<BucketTiming> step_timeline() const;  // the step in progress, or the last one
   EngineState state() const;
+  // The CPUs the worker thread may run on (empty without a worker: CUDA, or before bind()), and
+  // how options.worker_cpus chose them.
+  std::vector<int> worker_cpus() const;
+  std::string worker_placement() const;
   // Replaces the state as a whole, after checking it (seed, world size, residual sizes against the
   // recorded layouts); the next step reduces the saved bucket layouts when its buckets differ.
   void load_state(EngineState state);
@@ -237,6 +248,8 @@ class BucketEngine {
   uint64_t max_queued_step_ = 0, max_queued_total_ = 0;
   bool stopping_ = false;
   std::thread worker_;
+  std::vector<int> worker_cpus_;  // set by bind() under stats_mu_
+  std::string worker_placement_;
 };
 
 }  // namespace gradcomp

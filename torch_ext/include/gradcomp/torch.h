@@ -58,6 +58,10 @@ struct GradSyncOptions {
   // On the CPU a node's ranks exchange through shared memory (gradcomp::ShmCommunicator);
   // false: through the intra-node process group. CUDA always uses the group (NCCL).
   bool node_shared_memory = true;
+  // Where the thread compressing CPU buckets runs (EngineOptions::worker_cpus): "auto" (the
+  // constructing thread's CPUs, unless OpenMP bound it to one core: then also the cores no
+  // thread is bound to), "inherit", or a CPU list such as "6-7".
+  std::string worker_cpus = "auto";
 };
 
 struct GradSyncStats {
@@ -115,6 +119,9 @@ class GradSync {
   std::vector<std::vector<int64_t>> buckets() const;
   int rank() const;
   int world_size() const;
+  // The CPUs the worker thread may run on (empty on CUDA: no worker), and why.
+  std::vector<int> worker_cpus() const;
+  std::string worker_placement() const;
 
   // Residuals, step counter, seed and bucket layouts: everything a bit-identical resume needs
   // (each rank saves its own). load() refuses a damaged or foreign record as a whole.

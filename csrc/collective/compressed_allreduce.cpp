@@ -574,14 +574,15 @@ void CompressedAllreduce::reduce_hierarchical(Bucket& b, const Segment* segments
       // that piece of every local rank's shard) while earlier pieces are encoded and on the
       // wire, and gathered back inside the node while later pieces are decoded.
       const int nodes = comm_.world_size();
-      auto piece_range = [&](int c, int p) {
-        return std::make_pair(static_cast<size_t>(b.piece_begin(c, p)) * esize,
-                              static_cast<size_t>(b.piece_numel(c, p)));
+      // Piece p of chunk c: its byte offset in a shard, and its elements.
+      auto piece_at = [&](int c, int p) {
+        return static_cast<size_t>(b.piece_begin(c, p)) * esize;
       };
+      auto piece_n = [&](int c, int p) { return static_cast<size_t>(b.piece_numel(c, p)); };
       std::vector<uint64_t> reduced(b.pieces);
       for (int p = 0; p < b.pieces; ++p) {
         for (int c = 0; c < nodes; ++c) {
-          const auto [at, n] = piece_range(c, p);
+          const size_t at = piece_at(c, p), n = piece_n(c, p);
           if (n == 0) continue;
           uint8_t* out = b.node_shard.get() + at;
           const uint8_t* in = bucket_in + at;
@@ -610,7 +611,7 @@ void CompressedAllreduce::reduce_hierarchical(Bucket& b, const Segment* segments
       agree_in_node(b, rejected);
       decode_q4_two_phase(b, shard, [&](int p) {
         for (int c = 0; c < nodes; ++c) {
-          const auto [at, n] = piece_range(c, p);
+          const size_t at = piece_at(c, p), n = piece_n(c, p);
           if (n == 0) continue;
           const uint8_t* in = b.node_shard.get() + at;
           uint8_t* out = bucket_out + at;

@@ -137,6 +137,10 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "gradcomp C++ extension: compressed DDP communication hook and codec ops";
   // Destroyed without the GIL: the destructor joins the worker, which may be finishing a bucket
   // whose future runs (or drops) a Python callback of the standard route's then(), and needs it.
+  m.def(
+      "check_worker_cpus",
+      [](const std::string& spec) { call_core([&] { gradcomp::check_worker_cpus(spec); }); },
+      py::arg("spec"));
   py::class_<DdpHook, std::shared_ptr<DdpHook>>(m, "DdpHook",
                                                 py::release_gil_before_calling_cpp_dtor())
       .def(py::init([](py::object group, const py::dict& options, py::object intra_node,

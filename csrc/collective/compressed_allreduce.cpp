@@ -538,6 +538,7 @@ void CompressedAllreduce::finish_front() {
 
 void CompressedAllreduce::drain_collectives() noexcept {
   if (collectives_) collectives_->drain();
+  if (node_collectives_) node_collectives_->drain();
 }
 
 void CompressedAllreduce::reduce_hierarchical(Bucket& b, const Segment* segments, int num_segments,

@@ -88,9 +88,13 @@ uint64_t bucket_identity(int64_t index, int64_t numel, DType dtype,
   return h;
 }
 
+void check_worker_cpus(const std::string& spec) {
+  detail::parse_cpu_request(spec);
+}
+
 BucketEngine::BucketEngine(EngineOptions options) : options_(std::move(options)) {
   if (options_.compress) options_.config.validate();
-  detail::parse_cpu_request(options_.worker_cpus);
+  check_worker_cpus(options_.worker_cpus);
   pending_.compression.seed = options_.config.seed;
   pending_.world_size = options_.world_size;
   pending_.local_world_size = options_.local_world_size;
@@ -113,6 +117,11 @@ void BucketEngine::bind(Communicator& comm, Backend* backend, NodeGroups groups)
   const std::vector<int> cpus =
       queued ? std::vector<int>{}
              : detail::place_worker(detail::parse_cpu_request(options_.worker_cpus), &placement);
+  const std::vector<int> worker_cpus =
+      queued ? std::vector<int>{} : (cpus.empty() ? detail::current_thread_cpus() : cpus);
+  // The worker started below inherits these CPUs; a mask the kernel refuses throws here, before
+  // anything is bound.
+  detail::ScopedThreadCpus on_worker_cpus(cpus);
   GRADCOMP_CHECK(backend != nullptr || !options_.compress,
                  "a compressing bucket engine needs a backend");
   check_same_world(pending_.world_size, comm.world_size());
@@ -144,14 +153,11 @@ void BucketEngine::bind(Communicator& comm, Backend* backend, NodeGroups groups)
   comm_ = &comm;
   backend_ = backend;
   queued_ = queued;
-  if (!queued_) {
-    worker_ = std::thread([this] { worker_loop(); });
-    detail::set_thread_cpus(worker_, cpus);
-  }
+  if (!queued_) worker_ = std::thread([this] { worker_loop(); });
   {
     std::lock_guard<std::mutex> stats_lock(stats_mu_);
     worker_placement_ = placement;
-    if (!queued_) worker_cpus_ = detail::thread_cpus(worker_);
+    worker_cpus_ = worker_cpus;
   }
   bound_ = true;
 }

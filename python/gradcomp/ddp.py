@@ -24,6 +24,10 @@ __all__ = ["register", "Hook", "HookState", "comm_hook", "check_optimizer", "nod
 def _worker_cpus(worker_cpus) -> str:
     """"auto", "inherit", "0,2-3" or a list of CPU numbers, as the engine's CPU list string."""
     if isinstance(worker_cpus, str):
+        try:
+            _C.check_worker_cpus(worker_cpus)
+        except RuntimeError as e:
+            raise ValueError(str(e).splitlines()[0]) from None
         return worker_cpus
     if isinstance(worker_cpus, (list, tuple, set, frozenset, range)) and worker_cpus and all(
             isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in worker_cpus):

@@ -38,22 +38,27 @@ TEST(WorkerCpus, RequestsAreAutoInheritOrACpuList) {
   EngineOptions o;
   o.worker_cpus = "two";
   EXPECT_THROW(BucketEngine{o}, Error);
+  EXPECT_THROW(check_worker_cpus("0-"), Error);
+  check_worker_cpus("auto");
 }
 
 TEST(WorkerCpus, AutoMovesTheWorkerOnlyOffACoreOpenMpBound) {
   std::string why;
-  // Free to run on several CPUs: the scheduler finds an idle one.
-  EXPECT_TRUE(choose_auto_cpus({0, 1, 2, 3}, true, {0, 1, 2, 3}, {}, &why).empty());
-  EXPECT_NE(why.find("may run on 4 CPUs"), std::string::npos) << why;
+  // Free to run on several cores: the scheduler finds an idle one.
+  EXPECT_TRUE(choose_auto_cpus({0, 1, 2, 3}, false, true, {0, 1, 2, 3}, {}, &why).empty());
+  EXPECT_NE(why.find("may run on CPUs 0-3"), std::string::npos) << why;
   // Bound to one CPU by taskset or numactl: the user's placement stands.
-  EXPECT_TRUE(choose_auto_cpus({2}, false, {0, 1, 2, 3}, {2}, &why).empty());
+  EXPECT_TRUE(choose_auto_cpus({2}, true, false, {0, 1, 2, 3}, {2}, &why).empty());
   EXPECT_NE(why.find("process's own mask"), std::string::npos) << why;
   // Bound by OpenMP: its own CPU and every allowed one no thread is bound to.
-  EXPECT_EQ(choose_auto_cpus({0}, true, {0, 1, 2, 3, 4, 5}, {0, 1, 4}, &why),
+  EXPECT_EQ(choose_auto_cpus({0}, true, true, {0, 1, 2, 3, 4, 5}, {0, 1, 4}, &why),
             (std::vector<int>{0, 2, 3, 5}));
   EXPECT_NE(why.find("runs on CPUs 0,2-3,5"), std::string::npos) << why;
+  // ... to one core of two hyperthreads (OMP_PLACES=cores): the same, core for core.
+  EXPECT_EQ(choose_auto_cpus({0, 4}, true, true, {0, 1, 2, 3, 4, 5, 6, 7}, {0, 1, 4, 5}, &why),
+            (std::vector<int>{0, 2, 3, 4, 6, 7}));
   // ... and when every CPU is taken, it shares the binding thread's.
-  EXPECT_TRUE(choose_auto_cpus({1}, true, {0, 1}, {0, 1}, &why).empty());
+  EXPECT_TRUE(choose_auto_cpus({1}, true, true, {0, 1}, {0, 1}, &why).empty());
   EXPECT_NE(why.find("every other CPU"), std::string::npos) << why;
 }
 

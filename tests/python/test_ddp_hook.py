@@ -198,7 +198,7 @@ def test_under_openmp_binding_auto_lets_the_worker_off_backwards_core(monkeypatc
         assert cpus == backward_cpus, (cpus, backward_cpus)
 
 
-@pytest.mark.parametrize("bad", [[], [-1], ["0"], 1.5, True])
+@pytest.mark.parametrize("bad", [[], [-1], ["0"], 1.5, True, "two", "0-", ""])
 def test_bad_worker_cpus_are_refused_by_register_and_hook_state(bad):
     with pytest.raises(ValueError, match="worker_cpus"):
         gt.HookState(gradcomp.Q4(), worker_cpus=bad)

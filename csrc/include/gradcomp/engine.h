@@ -103,11 +103,15 @@ struct EngineOptions {
   std::function<std::function<void()>(std::function<void()>)> carry_context;
   // The CPUs of the worker thread (host memory) and of the collectives threads it starts:
   // "inherit" keeps the mask of the thread that calls bind(); a list such as "2,5-7" sets it;
-  // "auto" inherits it, unless OpenMP bound that thread to one CPU (OMP_PROC_BIND, OMP_PLACES,
+  // "auto" inherits it, unless OpenMP bound that thread to one core (OMP_PROC_BIND, OMP_PLACES,
   // GOMP_CPU_AFFINITY, KMP_AFFINITY), which would make the codec share backward's core: then
-  // the worker may also run on every CPU of the process's cpuset no thread is bound to alone.
+  // the worker may also run on every CPU of the process's cpuset and that core's NUMA node that
+  // no thread is bound to.
   std::string worker_cpus = "auto";
 };
+
+// Throws Error when `spec` is not a worker_cpus value ("auto", "inherit", a list like "0,2-3").
+void check_worker_cpus(const std::string& spec);
 
 // A bucket identity that is the same on every rank and across restarts: the bucket's position,
 // size, dtype and its parameters' shapes.

@@ -18,7 +18,7 @@ echo "build: $(( $(date +%s) - t0 )) s"
 
 status=0
 ./build-gpu/tests/gradcomp_gpu_tests 2>&1 | tee "$out/tests.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) ' || status=1
-grep -q 'FAILED' "$out/tests.log" && status=1
+grep -q 'FAILED' "$out/tests.log" && status=1 || true
 compute-sanitizer --tool memcheck --error-exitcode 3 ./build-gpu/tests/gradcomp_gpu_tests \
   --gtest_filter='-*Nccl*' > "$out/memcheck.log" 2>&1 && echo "memcheck: clean" || { echo "memcheck: FAILED"; status=1; }
 compute-sanitizer --tool racecheck --error-exitcode 3 ./build-gpu/tests/gradcomp_gpu_tests \
@@ -26,17 +26,24 @@ compute-sanitizer --tool racecheck --error-exitcode 3 ./build-gpu/tests/gradcomp
 echo "tests: $(( $(date +%s) - t0 )) s"
 
 # The DDP hook on the GPU: install against the machine's torch (offline) and run its GPU tests.
-if python3 -c "import torch" 2>/dev/null; then
+# The torch layer needs torch >= 2.15 (torch_ext/CMakeLists.txt); an older one is reported.
+torch_ok=0
+if python3 -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(v < (2, 15))" 2>/dev/null; then
+  torch_ok=1
+else
+  echo "SKIPPED: the hook's and GradSync's GPU tests: this machine's torch ($(python3 -c 'import torch; print(torch.__version__)' 2>&1 | tail -1)) is older than 2.15"
+fi
+if [ "$torch_ok" = 1 ]; then
   export CMAKE_PREFIX_PATH="$root/.gpu-deps/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
   CMAKE_CUDA_ARCHITECTURES=90 GRADCOMP_BUILD_DIR="$root/build-gpu-python" \
     python3 -m pip install -q --no-build-isolation --no-deps -e . > "$out/pip.log" 2>&1 || { tail -20 "$out/pip.log"; status=1; }
-  python3 -m pytest tests/python/test_gpu_hook.py -q -rs 2>&1 | tee "$out/pytest-gpu.log" | tail -3
-  grep -qE "failed|error" "$out/pytest-gpu.log" && status=1
+  python3 -m pytest tests/python/test_gpu_hook.py -q -rs 2>&1 | tee "$out/pytest-gpu.log" | tail -3 || true
+  grep -qE "failed|error" "$out/pytest-gpu.log" && status=1 || true
 fi
 
 ./build-gpu/bench/gradcomp_bench_cuda --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
   --benchmark_format=json --benchmark_out="$out/bench.json" > "$out/bench.txt" 2>&1 || status=1
-python3 - "$out/bench.json" <<'PY' | tee "$out/table.txt"
+python3 - "$out/bench.json" <<'PY' | tee "$out/table.txt" || status=1
 import json, sys
 runs = {b["name"]: b for b in json.load(open(sys.argv[1]))["benchmarks"] if b.get("aggregate_name") == "median"}
 def t(name): return runs[name + "/manual_time_median"]["real_time"]
@@ -66,14 +73,14 @@ for name, v, target in rows:
 PY
 
 # GradSync on the GPU (NCCL, compression stream): the C++ trainer against the installed package.
-if python3 -c "import torch" 2>/dev/null && [ -d build-gpu-python ]; then
+if [ "$torch_ok" = 1 ] && [ -d build-gpu-python ]; then
   torch_cmake="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
   { cmake --build build-gpu-python -j "$(nproc)" && cmake --install build-gpu-python --prefix build-gpu/install-torch &&
     cmake -S examples/cpp -B build-gpu/example-cpp -G Ninja -DCMAKE_PREFIX_PATH="$root/build-gpu/install-torch;$torch_cmake" &&
     cmake --build build-gpu/example-cpp; } > "$out/grad-sync-build.log" 2>&1 || { tail -20 "$out/grad-sync-build.log"; status=1; }
   GRADCOMP_CPP_TRAINER="$root/build-gpu/example-cpp/digits_trainer" \
-    python3 -m pytest tests/python/test_gpu_grad_sync.py -q -rs 2>&1 | tee "$out/pytest-grad-sync.log" | tail -3
-  grep -qE "failed|error" "$out/pytest-grad-sync.log" && status=1
+    python3 -m pytest tests/python/test_gpu_grad_sync.py -q -rs 2>&1 | tee "$out/pytest-grad-sync.log" | tail -3 || true
+  grep -qE "failed|error" "$out/pytest-grad-sync.log" && status=1 || true
 fi
 echo "total: $(( $(date +%s) - t0 )) s"
 exit $status

@@ -111,7 +111,12 @@ void q4_decode(const Q4DecodeParams& p, int num_threads) {
       }
       chunk.n = n;
       chunk.block = static_cast<int>(p.block_size);
-      if (detail::q4_decode_chunk(chunk, isa)) nonfinite = true;
+      if (detail::q4_decode_chunk(chunk, isa)) {
+        nonfinite = true;
+        // The vector loops pass on x86's NaNs: every NaN written is the canonical one, as the
+        // element math's (and CUDA's) arithmetic gives.
+        for (int i = 0; i < n; ++i) chunk.sum[i] = math::canonical_nan_if_nan(chunk.sum[i]);
+      }
       if (chunk.sum == sum_f32.data()) output.scatter(p.begin + start, n, chunk.sum);
     }
   }

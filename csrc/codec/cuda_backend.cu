@@ -131,9 +131,10 @@ class CudaBackend final : public Backend {
     GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
   void scan_nonfinite(const NonfiniteScanParams& p) override {
-    check_params(p, "non-finite scan");
+    // The status word is the backend's, as on the CPU: the params are checked with it in place.
     NonfiniteScanParams d = p;
     d.nonfinite = reinterpret_cast<uint32_t*>(flags_ + kNonfinite);
+    check_params(d, "non-finite scan");
     TableSlot& slot = stage_segments(d.segments, p.num_segments);
     GRADCOMP_CUDA_CHECK(kernels::run_nonfinite_scan(d, stream_));
     GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));

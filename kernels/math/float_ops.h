@@ -13,6 +13,24 @@
 namespace gradcomp {
 namespace math {
 
+// The NaN every operation below returns for a NaN result: CUDA's float arithmetic returns this
+// one whatever the operands, while x86 passes on an operand's NaN or its own default NaN, so the
+// host replaces those and both backends write the same bytes.
+constexpr uint32_t kCanonicalNanBits = 0x7FFFFFFFu;
+
+GRADCOMP_HD float canonical_nan_if_nan(float r) {
+#if defined(__CUDA_ARCH__)
+  return r;
+#else
+  union {
+    float f;
+    uint32_t u;
+  } v;
+  v.u = kCanonicalNanBits;
+  return r != r ? v.f : r;
+#endif
+}
+
 // Every float operation of the element math goes through these helpers so that neither nvcc nor
 // the host compiler can contract a multiply and an add into an FMA: contraction would change the
 // bytes.
@@ -20,35 +38,35 @@ GRADCOMP_HD float add_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fadd_rn(a, b);
 #else
-  return a + b;
+  return canonical_nan_if_nan(a + b);
 #endif
 }
 GRADCOMP_HD float sub_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fsub_rn(a, b);
 #else
-  return a - b;
+  return canonical_nan_if_nan(a - b);
 #endif
 }
 GRADCOMP_HD float mul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);
 #else
-  return a * b;
+  return canonical_nan_if_nan(a * b);
 #endif
 }
 GRADCOMP_HD float div_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fdiv_rn(a, b);
 #else
-  return a / b;
+  return canonical_nan_if_nan(a / b);
 #endif
 }
 GRADCOMP_HD float sqrt_rn(float a) {
 #if defined(__CUDA_ARCH__)
   return __fsqrt_rn(a);
 #else
-  return sqrtf(a);  // IEEE 754 requires sqrt correctly rounded
+  return canonical_nan_if_nan(sqrtf(a));  // IEEE 754 requires sqrt correctly rounded
 #endif
 }
 

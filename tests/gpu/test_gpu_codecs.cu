@@ -2,8 +2,12 @@
 // Without a CUDA device every test here reports as skipped.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <limits>
+#include <string>
 
 #include "gradcomp/collectives.h"
 #include "gradcomp/cuda.h"
@@ -24,14 +28,18 @@ class DeviceBuffer {
   explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
     GRADCOMP_CUDA_CHECK(cudaMalloc(&ptr_, bytes ? bytes : 16));
   }
+  // The backends run on streams of their own (non-blocking ones among them), which plain
+  // cudaMemcpy does not wait for: the device is synchronized around every copy.
   DeviceBuffer(const void* host, size_t bytes) : DeviceBuffer(bytes) {
     GRADCOMP_CUDA_CHECK(cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice));
+    GRADCOMP_CUDA_CHECK(cudaDeviceSynchronize());
   }
   ~DeviceBuffer() { cudaFree(ptr_); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   uint8_t* get() const { return static_cast<uint8_t*>(ptr_); }
   std::vector<uint8_t> host() const {
     std::vector<uint8_t> v(bytes_);
+    GRADCOMP_CUDA_CHECK(cudaDeviceSynchronize());
     GRADCOMP_CUDA_CHECK(cudaMemcpy(v.data(), ptr_, bytes_, cudaMemcpyDeviceToHost));
     return v;
   }
@@ -42,6 +50,23 @@ class DeviceBuffer {
 };
 
 const DType kDtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+
+// Where two byte strings first differ, as 32-bit words around it (gtest prints only the start).
+std::string first_difference(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  if (a.size() != b.size())
+    return "sizes " + std::to_string(a.size()) + " and " + std::to_string(b.size());
+  size_t i = 0;
+  while (i < a.size() && a[i] == b[i]) ++i;
+  if (i == a.size()) return "equal";
+  const size_t word = i / 4 * 4;
+  char text[160];
+  uint32_t wa = 0, wb = 0;
+  std::memcpy(&wa, a.data() + word, std::min<size_t>(4, a.size() - word));
+  std::memcpy(&wb, b.data() + word, std::min<size_t>(4, b.size() - word));
+  std::snprintf(text, sizeof text, "first difference at byte %zu of %zu: word %08x vs %08x", i,
+                a.size(), wa, wb);
+  return text;
+}
 
 TEST(GpuQ4, PayloadsAndResidualsEqualTheCpuByteForByte) {
   SKIP_WITHOUT_GPU();
@@ -68,7 +93,8 @@ TEST(GpuQ4, PayloadsAndResidualsEqualTheCpuByteForByte) {
         p.rng = {5, 6, 7, 8, 1};
         p.payload = dp.get();
         backend->q4_encode(p);
-        ASSERT_EQ(dp.host(), ref.payload) << dtype_name(dtype) << " n=" << n;
+        ASSERT_EQ(dp.host(), ref.payload)
+            << dtype_name(dtype) << " n=" << n << " " << first_difference(dp.host(), ref.payload);
         auto res = dout.host();
         ASSERT_EQ(std::memcmp(res.data(), ref.residual.data(), n * 4), 0)
             << dtype_name(dtype) << " n=" << n;
@@ -90,7 +116,8 @@ TEST(GpuQ4, PayloadsAndResidualsEqualTheCpuByteForByte) {
         d.divisor = 2.0f;
         backend->q4_decode(d);
         EXPECT_EQ(backend->take_decode_status(), n > 70);
-        ASSERT_EQ(dy.host(), cpu_out.bytes) << dtype_name(dtype) << " n=" << n;
+        ASSERT_EQ(dy.host(), cpu_out.bytes)
+            << dtype_name(dtype) << " n=" << n << " " << first_difference(dy.host(), cpu_out.bytes);
       }
     }
   }
@@ -261,8 +288,8 @@ TEST(GpuTopK, PayloadsAndResidualsEqualTheCpuByteForByte) {
           p.payload = dp.get();
           p.workspace = ws.get();
           backend->topk_encode(p);
-          ASSERT_EQ(dp.host(), ref.payload)
-              << dtype_name(dtype) << " n=" << n << " exact=" << exact;
+          ASSERT_EQ(dp.host(), ref.payload) << dtype_name(dtype) << " n=" << n << " exact=" << exact
+                                            << " " << first_difference(dp.host(), ref.payload);
           auto res = dout.host();
           ASSERT_EQ(std::memcmp(res.data(), ref.residual.data(), n * 4), 0);
 
@@ -279,7 +306,7 @@ TEST(GpuTopK, PayloadsAndResidualsEqualTheCpuByteForByte) {
                                                            &oseg, dtype, 3.0f);
           d.workspace = ws.get();
           backend->topk_decode(d);
-          ASSERT_EQ(dy.host(), cpu_out.bytes);
+          ASSERT_EQ(dy.host(), cpu_out.bytes) << first_difference(dy.host(), cpu_out.bytes);
         }
       }
     }
@@ -309,7 +336,8 @@ TEST(GpuTopK, KZeroEqualsTheCpu) {
     p.payload = dp.get();
     p.workspace = ws.get();
     backend->topk_encode(p);
-    ASSERT_EQ(dp.host(), ref.payload) << "n=" << n;
+    ASSERT_EQ(dp.host(), ref.payload)
+        << "n=" << n << " " << first_difference(dp.host(), ref.payload);
     auto res = dout.host();
     ASSERT_EQ(std::memcmp(res.data(), ref.residual.data(), n * 4), 0) << "n=" << n;
   }
@@ -392,7 +420,8 @@ TEST(GpuCollectives, NcclEngineMatchesTheCpuEngine) {
       EXPECT_TRUE(cpu_engine.allreduce(&cseg, 1, DType::kBFloat16, 1));
       gpu_engine.advance_step();
       cpu_engine.advance_step();
-      ASSERT_EQ(dx.host(), x.bytes) << "variant " << variant << " step " << step;
+      ASSERT_EQ(dx.host(), x.bytes) << "variant " << variant << " step " << step << " "
+                                    << first_difference(dx.host(), x.bytes);
     }
   }
 }
@@ -433,7 +462,8 @@ TEST(GpuCollectives, QueuedNcclEngineKeepsResidualsOnNonFiniteSteps) {
       if (!cpu_engine.allreduce(&cseg, 1, DType::kFloat32, 3)) ++cpu_nonfinite;
       gpu_engine.advance_step();
       cpu_engine.advance_step();
-      ASSERT_EQ(dx.host(), x.bytes) << "step " << step;
+      ASSERT_EQ(dx.host(), x.bytes) << "variant " << variant << " step " << step << " "
+                                    << first_difference(dx.host(), x.bytes);
     }
     EXPECT_EQ(cpu_nonfinite, 1u);
     // poll() never waits: its first call queues a snapshot, later calls return it once ready.

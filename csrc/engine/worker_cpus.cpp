@@ -101,8 +101,10 @@ class CpuMask {
   std::unique_ptr<cpu_set_t, void (*)(cpu_set_t*)> set_;
 };
 
+}  // namespace
+
 // The calling thread's mask, in a set as large as the kernel's (EINVAL: too small).
-std::vector<int> own_cpus() {
+std::vector<int> current_thread_cpus() {
   for (int n = 1024; n <= kMaxCpus; n *= 2) {
     CpuMask mask(n);
     if (sched_getaffinity(0, mask.bytes(), mask.get()) == 0) return mask.list();
@@ -110,6 +112,8 @@ std::vector<int> own_cpus() {
   }
   return {};
 }
+
+namespace {
 
 // The hyperthreads of the core that holds `cpu` (itself alone when unknown).
 std::vector<int> core_of(int cpu) {
@@ -312,13 +316,9 @@ std::vector<int> place_worker(const CpuRequest& request, std::string* why) {
   return choose_auto_cpus(mine, true, true, allowed, bound_cpus(&cores), why);
 }
 
-std::vector<int> current_thread_cpus() {
-  return own_cpus();
-}
-
 ScopedThreadCpus::ScopedThreadCpus(const std::vector<int>& cpus) {
   if (cpus.empty()) return;
-  std::vector<int> saved = own_cpus();
+  std::vector<int> saved = current_thread_cpus();
   GRADCOMP_CHECK(!saved.empty(),
                  "worker_cpus: cannot read this thread's CPUs (" << std::strerror(errno) << ")");
   CpuMask mask(std::max(1024, cpus.back() + 1));

@@ -13,6 +13,31 @@
 namespace gradcomp {
 namespace math {
 
+GRADCOMP_HD uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  union {
+    float f;
+    uint32_t u;
+  } v;
+  v.f = f;
+  return v.u;
+#endif
+}
+GRADCOMP_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  union {
+    float f;
+    uint32_t u;
+  } v;
+  v.u = u;
+  return v.f;
+#endif
+}
+
 // The NaN every operation below returns for a NaN result: CUDA's float arithmetic returns this
 // one whatever the operands, while x86 passes on an operand's NaN or its own default NaN, so the
 // host replaces those and both backends write the same bytes.
@@ -22,12 +47,7 @@ GRADCOMP_HD float canonical_nan_if_nan(float r) {
 #if defined(__CUDA_ARCH__)
   return r;
 #else
-  union {
-    float f;
-    uint32_t u;
-  } v;
-  v.u = kCanonicalNanBits;
-  return r != r ? v.f : r;
+  return r != r ? bits_float(kCanonicalNanBits) : r;
 #endif
 }
 
@@ -67,31 +87,6 @@ GRADCOMP_HD float sqrt_rn(float a) {
   return __fsqrt_rn(a);
 #else
   return canonical_nan_if_nan(sqrtf(a));  // IEEE 754 requires sqrt correctly rounded
-#endif
-}
-
-GRADCOMP_HD uint32_t float_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  union {
-    float f;
-    uint32_t u;
-  } v;
-  v.f = f;
-  return v.u;
-#endif
-}
-GRADCOMP_HD float bits_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  union {
-    float f;
-    uint32_t u;
-  } v;
-  v.u = u;
-  return v.f;
 #endif
 }
 

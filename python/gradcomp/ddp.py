@@ -183,12 +183,12 @@ class Hook:
     def worker_cpus(self) -> list:
         """The CPUs the hook's worker thread (CPU buckets) may run on, once the first bucket has
         come; empty before, and for CUDA buckets (no worker thread)."""
-        return self._native.worker_cpus()
+        return [] if self._native is None else self._native.worker_cpus()
 
     @property
     def worker_placement(self) -> str:
         """How ``worker_cpus`` was chosen (``register(..., worker_cpus=...)``)."""
-        return self._native.worker_placement()
+        return "" if self._native is None else self._native.worker_placement()
 
 
 def check_optimizer(optimizer: torch.optim.Optimizer, codec) -> None:
@@ -277,14 +277,6 @@ class HookState(Hook):
     def load_state_dict(self, state_dict: dict) -> None:
         self._ensure_native()
         super().load_state_dict(state_dict)
-
-    @property
-    def worker_cpus(self) -> list:
-        return [] if self._native is None else self._native.worker_cpus()
-
-    @property
-    def worker_placement(self) -> str:
-        return "" if self._native is None else self._native.worker_placement()
 
 
 def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

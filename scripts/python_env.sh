@@ -1,13 +1,24 @@
 #!/usr/bin/env bash
-# Creates (once) the Python environment outside the clone and prints its path. PyTorch is several
-# GB, so it lives in a cache folder that survives fresh clones: $GRADCOMP_VENV or ~/.cache/gradcomp/venv.
+# Creates (once) a Python environment outside the clone and prints its path. PyTorch is several
+# GB, so it lives in a cache folder that survives fresh clones: $GRADCOMP_VENV or
+# ~/.cache/gradcomp/venv with the newest torch; `python_env.sh 2.7.1` makes one with that torch
+# (~/.cache/gradcomp/venv-torch2.7.1), for testing against the oldest supported version.
 set -euo pipefail
-venv="${GRADCOMP_VENV:-$HOME/.cache/gradcomp/venv}"
+torch_version="${1:-}"
+if [ -n "$torch_version" ]; then
+  venv="$HOME/.cache/gradcomp/venv-torch$torch_version"
+  torch_spec="torch==$torch_version"
+else
+  venv="${GRADCOMP_VENV:-$HOME/.cache/gradcomp/venv}"
+  torch_spec="torch"
+fi
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" >&2
 fi
-if ! "$venv/bin/python" -c "import torch, numpy, sklearn, pytest, matplotlib" >/dev/null 2>&1; then
+check="import torch, numpy, sklearn, pytest, matplotlib"
+[ -z "$torch_version" ] || check="$check; assert torch.__version__.split('+')[0] == '$torch_version', torch.__version__"
+if ! "$venv/bin/python" -c "$check" >/dev/null 2>&1; then
   "$venv/bin/pip" install -q --upgrade pip >&2
-  "$venv/bin/pip" install -q torch numpy scikit-learn pytest matplotlib setuptools wheel >&2
+  "$venv/bin/pip" install -q "$torch_spec" numpy scikit-learn pytest matplotlib setuptools wheel >&2
 fi
 echo "$venv"

@@ -6,6 +6,7 @@ cd "$root"
 jobs="${GRADCOMP_JOBS:-$(nproc)}"
 fuzz_seconds="${GRADCOMP_FUZZ_SECONDS:-60}"
 cuda_archs="${CMAKE_CUDA_ARCHITECTURES:-90}"
+oldest_torch="${GRADCOMP_OLDEST_TORCH:-2.7.1}"  # the oldest torch the torch layer supports (README)
 
 step() { printf '\n==== %s\n' "$*"; }
 
@@ -60,6 +61,22 @@ export GRADCOMP_CPP_TRAINER="$root/build/example-cpp/digits_trainer"
 
 step "Python and C++ front ends on real Gloo process groups (DDP hook, GradSync under torchrun)"
 "$venv/bin/python" -m pytest tests/python -q -rs
+
+step "oldest supported torch ($oldest_torch): the torch layer, GradSync's trainer and the front-end tests against it"
+venv_old="$("$root/scripts/python_env.sh" "$oldest_torch")"
+GRADCOMP_BUILD_DIR="$root/build-torch-oldest" CMAKE_CUDA_ARCHITECTURES="$cuda_archs" \
+  "$venv_old/bin/pip" install -q --no-build-isolation --no-deps .
+cmake --build build-torch-oldest -j "$jobs"
+cmake --install build-torch-oldest --prefix "$root/build/install-torch-oldest" > /dev/null
+torch_cmake_old="$("$venv_old/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+# torch <= 2.8's CMake config looks for NVTX 3 in its own source tree unless told to use the toolkit's.
+cmake -S examples/cpp -B build/example-cpp-oldest -G Ninja -DCMAKE_BUILD_TYPE=Release -DUSE_SYSTEM_NVTX=ON \
+  -DCMAKE_PREFIX_PATH="$root/build/install-torch-oldest;$torch_cmake_old" > /dev/null
+cmake --build build/example-cpp-oldest
+# From tests/python, so that the package imported is the one installed into that environment.
+(cd tests/python && GRADCOMP_CPP_TRAINER="$root/build/example-cpp-oldest/digits_trainer" \
+  "$venv_old/bin/python" -m pytest -q -rs -p no:cacheprovider test_torch_versions.py test_torch_compile.py \
+  test_ddp_hook.py test_grad_sync.py test_hierarchical.py test_faults.py)
 
 step "example: torchrun, 2 ranks, q4 hook on digits"
 "$venv/bin/torchrun" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port 29511 \

@@ -4,9 +4,9 @@
 #include "profiled_backend.h"
 #include "profiler_ranges.h"
 #include "tensor_params.h"
+#include "torch_compat.h"
 
 #if defined(GRADCOMP_HAVE_CUDA)
-#include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -144,7 +144,7 @@ c10::intrusive_ptr<c10::ivalue::Future> DdpHook::submit(at::Tensor bucket, int64
     c10::cuda::CUDAStream filled = c10::cuda::getCurrentCUDAStream(bucket.device().index());
     c10::cuda::CUDAStream compress(c10::cuda::CUDAStream::UNCHECKED, *cuda_stream_);
     c10::cuda::CUDAStreamGuard guard(compress);
-    c10::cuda::CUDAEvent ready;
+    compat::CudaEvent ready;
     ready.record(filled);
     ready.block(compress);
     bucket.record_stream(compress);
@@ -179,7 +179,7 @@ void DdpHook::reduce(at::Tensor bucket, int64_t index, uint64_t identity, bool i
   if (bucket.is_cuda()) {
     c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(bucket.device().index());
     c10::cuda::CUDAStream compress(c10::cuda::CUDAStream::UNCHECKED, *cuda_stream_);
-    c10::cuda::CUDAEvent ready, reduced;
+    compat::CudaEvent ready, reduced;
     ready.record(current);
     ready.block(compress);
     bucket.record_stream(compress);

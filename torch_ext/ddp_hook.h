@@ -4,10 +4,10 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/Stream.h>
-#include <c10/util/Optional.h>
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
@@ -63,8 +63,8 @@ class DdpHook {
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   bool compress_;
   std::mutex bind_mu_;
-  c10::optional<at::Device> device_;
-  c10::optional<c10::Stream> cuda_stream_;  // the compression stream
+  std::optional<at::Device> device_;
+  std::optional<c10::Stream> cuda_stream_;  // the compression stream
   std::chrono::milliseconds timeout_;
   FaultSpec fault_;
   std::unique_ptr<ProcessGroupCommunicator> comm_;

@@ -2,7 +2,6 @@
 // accumulate-grad hooks, and the averaged gradients written back at finish().
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <unistd.h>
 
@@ -10,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -19,9 +19,9 @@
 #include "process_group_communicator.h"
 #include "profiled_backend.h"
 #include "tensor_params.h"
+#include "torch_compat.h"
 
 #if defined(GRADCOMP_HAVE_CUDA)
-#include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -42,6 +42,31 @@ std::string describe(const std::string& name, int64_t position, const at::Tensor
 double seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
+
+// Runs after a parameter's gradient is accumulated. Compiled autograd would drop a hook that
+// has no graph form (torch <= 2.14 silently), so a step under it would lose its gradients: the
+// hook refuses it by name instead.
+class GradientArrivedHook final : public torch::autograd::FunctionPostHook {
+ public:
+  explicit GradientArrivedHook(std::function<void()> arrived) : arrived_(std::move(arrived)) {}
+
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    arrived_();
+    return outputs;
+  }
+
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs&) const override {
+    GRADCOMP_CHECK(false,
+                   "GradSync does not run under compiled autograd: its hooks run C++ code on "
+                   "each gradient as it is accumulated, which compiled autograd cannot trace. "
+                   "Run backward without compiled autograd (torch.compile of the model's forward "
+                   "is fine), or use DDP with gradcomp.torch.register");
+  }
+
+ private:
+  std::function<void()> arrived_;
+};
 
 }  // namespace
 
@@ -83,7 +108,7 @@ struct GradSync::Impl {
   std::vector<Bucket> buckets_;
   std::vector<int64_t> bucket_of_;  // by parameter
   std::vector<int64_t> slot_of_;    // by parameter: its slice in the bucket
-  std::vector<c10::intrusive_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<torch_ext::compat::NodePtr> accumulators_;
   std::vector<uintptr_t> hook_keys_;
 
   std::atomic<int> no_sync_depth_{0};
@@ -102,7 +127,7 @@ struct GradSync::Impl {
   GradSyncStats last_;
 
 #if defined(GRADCOMP_HAVE_CUDA)
-  c10::optional<c10::Stream> cuda_stream_;
+  std::optional<c10::Stream> cuda_stream_;
 #endif
   std::unique_ptr<torch_ext::ProcessGroupCommunicator> comm_;
   NodeProcessGroups nodes_;
@@ -119,8 +144,10 @@ namespace {
 std::string node_shared_memory_name(const c10::intrusive_ptr<c10d::ProcessGroup>& node,
                                     int node_index) {
   static std::atomic<uint64_t> made{0};
-  auto store = node->getStore();
-  GRADCOMP_CHECK(store, "GradSync: the intra-node process group has no store");
+  auto store = torch_ext::compat::store_of(node);
+  GRADCOMP_CHECK(store,
+                 "GradSync: the intra-node process group has no store this torch shows "
+                 "(make node groups with gradcomp::split_node_groups)");
   // The node in the key too: groups a program made may share one store across nodes.
   const std::string key =
       "gradcomp/shm/" + std::to_string(node_index) + "/" + std::to_string(made++);
@@ -315,18 +342,12 @@ void GradSync::Impl::assign_buckets() {
 void GradSync::Impl::install_hooks() {
   for (size_t i = 0; i < params_.size(); ++i) {
     // The tensor holds its accumulator weakly; keeping it here keeps the hook alive.
-    c10::intrusive_ptr<torch::autograd::Node> acc =
-        torch::autograd::impl::grad_accumulator(params_[i]);
+    torch_ext::compat::NodePtr acc = torch::autograd::impl::grad_accumulator(params_[i]);
     GRADCOMP_CHECK(acc, "GradSync: " << describe(names_[i], i, params_[i])
                                      << " is not a leaf tensor with a gradient accumulator");
     const int64_t position = static_cast<int64_t>(i);
-    hook_keys_.push_back(
-        acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-            [this, position](const torch::autograd::variable_list& outputs,
-                             const torch::autograd::variable_list&) {
-              on_gradient(position);
-              return outputs;
-            })));
+    hook_keys_.push_back(acc->add_post_hook(
+        std::make_unique<GradientArrivedHook>([this, position] { on_gradient(position); })));
     accumulators_.push_back(std::move(acc));
   }
 }
@@ -411,7 +432,7 @@ void GradSync::Impl::launch(int64_t index) {
   if (device_.is_cuda()) {
     c10::cuda::CUDAStream filled = c10::cuda::getCurrentCUDAStream(device_.index());
     c10::cuda::CUDAStream compress(c10::cuda::CUDAStream::UNCHECKED, *cuda_stream_);
-    c10::cuda::CUDAEvent ready;
+    torch_ext::compat::CudaEvent ready;
     ready.record(filled);
     ready.block(compress);
     c10::cuda::CUDAStreamGuard guard(compress);
@@ -521,7 +542,7 @@ void GradSync::Impl::finish() {
   lock.unlock();
 #if defined(GRADCOMP_HAVE_CUDA)
   if (device_.is_cuda()) {
-    c10::cuda::CUDAEvent reduced;
+    torch_ext::compat::CudaEvent reduced;
     reduced.record(c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, *cuda_stream_));
     reduced.block(c10::cuda::getCurrentCUDAStream(device_.index()));
   }

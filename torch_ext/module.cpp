@@ -11,6 +11,10 @@
 
 namespace py = pybind11;
 
+// Found by gradcomp/_torch_check.py in the file's bytes, before the module is loaded.
+extern "C" __attribute__((used, visibility("default"))) const char gradcomp_built_for_torch[] =
+    "gradcomp-built-for-torch=" GRADCOMP_BUILT_FOR_TORCH ";";
+
 namespace gradcomp {
 namespace torch_ext {
 namespace {
@@ -90,6 +94,7 @@ FaultSpec parse_fault(const py::dict& d) {
 py::dict stats_dict(const ReductionStats& s) {
   py::dict d;
   d["buckets"] = s.buckets;
+  d["compressed_buckets"] = s.compressed_buckets;
   d["bytes_sent"] = s.bytes_sent;
   d["inter_node_bytes"] = s.inter_node_bytes;
   d["uncompressed_bytes"] = s.uncompressed_bytes;
@@ -125,6 +130,22 @@ std::map<uint64_t, std::vector<uint8_t>> residual_map(const py::dict& d) {
   return m;
 }
 
+// Destroyed without the GIL: the destructor joins the worker, which may be finishing a bucket
+// whose future runs (or drops) a Python callback of the standard route's then(), and needs it.
+// A deleter rather than pybind11 3's release_gil_before_calling_cpp_dtor, so that every torch's
+// pybind11 takes it; the last owner may also be DDP's reducer, dropped on a thread without it.
+template <typename T>
+std::shared_ptr<T> released_without_gil(T* object) {
+  return std::shared_ptr<T>(object, [](T* p) {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release release;
+      delete p;
+    } else {
+      delete p;
+    }
+  });
+}
+
 }  // namespace
 }  // namespace torch_ext
 }  // namespace gradcomp
@@ -135,14 +156,11 @@ PYBIND11_MODULE(_C, m) {
   using gradcomp::DType;
   using gradcomp::EngineState;
   m.doc() = "gradcomp C++ extension: compressed DDP communication hook and codec ops";
-  // Destroyed without the GIL: the destructor joins the worker, which may be finishing a bucket
-  // whose future runs (or drops) a Python callback of the standard route's then(), and needs it.
   m.def(
       "check_worker_cpus",
       [](const std::string& spec) { call_core([&] { gradcomp::check_worker_cpus(spec); }); },
       py::arg("spec"));
-  py::class_<DdpHook, std::shared_ptr<DdpHook>>(m, "DdpHook",
-                                                py::release_gil_before_calling_cpp_dtor())
+  py::class_<DdpHook, std::shared_ptr<DdpHook>>(m, "DdpHook")
       .def(py::init([](py::object group, const py::dict& options, py::object intra_node,
                        py::object inter_node, const std::string& shm_name) {
              auto pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
@@ -154,8 +172,9 @@ PYBIND11_MODULE(_C, m) {
              gradcomp::EngineOptions engine = ddp_engine_options(parse_codec(options));
              if (options.contains("worker_cpus"))
                engine.worker_cpus = options["worker_cpus"].cast<std::string>();
-             return std::make_shared<DdpHook>(pg, std::move(engine), parse_timeout(options),
-                                              parse_fault(options), std::move(nodes), shm_name);
+             return released_without_gil(new DdpHook(pg, std::move(engine), parse_timeout(options),
+                                                     parse_fault(options), std::move(nodes),
+                                                     shm_name));
            }),
            py::arg("process_group"), py::arg("options"), py::arg("intra_node") = py::none(),
            py::arg("inter_node") = py::none(), py::arg("shm_name") = "")
@@ -243,6 +262,32 @@ PYBIND11_MODULE(_C, m) {
              call_core([&] { h.engine().load_state(std::move(s)); });
            })
       .def("set_parameters", &DdpHook::set_parameters, py::arg("params"));
+  // GradSync for Python callers (gradcomp's tests: the C++ API under Python-only modes such as
+  // compiled autograd); C++ programs use gradcomp::GradSync itself.
+  py::class_<gradcomp::GradSync>(m, "GradSync")
+      .def(py::init([](std::vector<at::Tensor> params, py::object group, const py::dict& options) {
+             auto pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+             gradcomp::GradSyncOptions o;
+             if (options.contains("worker_cpus"))
+               o.worker_cpus = options["worker_cpus"].cast<std::string>();
+             const gradcomp::CodecSpec codec = parse_codec(options);
+             py::gil_scoped_release release;  // the constructor broadcasts over the group
+             return call_core(
+                 [&] { return std::make_unique<gradcomp::GradSync>(params, pg, codec, o); });
+           }),
+           py::arg("parameters"), py::arg("process_group"), py::arg("options"))
+      .def("finish",
+           [](gradcomp::GradSync& s) {
+             py::gil_scoped_release release;
+             call_core([&] { s.finish(); });
+           })
+      .def("stats", [](const gradcomp::GradSync& s) {
+        const gradcomp::GradSyncStats st = s.stats();
+        py::dict d;
+        d["step"] = stats_dict(st.step);
+        d["total"] = stats_dict(st.total);
+        return d;
+      });
   m.def(
       "install_hook",
       [](py::object reducer, std::shared_ptr<DdpHook> hook) {
@@ -267,6 +312,7 @@ PYBIND11_MODULE(_C, m) {
     if (gradcomp::math::q4_block_size_valid(b)) block_sizes.push_back(static_cast<int>(b));
   m.attr("q4_block_sizes") = py::tuple(py::cast(block_sizes));
   m.attr("q4_default_piece_numel") = gradcomp::CompressionConfig::kDefaultPieceNumel;
+  m.attr("built_for_torch") = GRADCOMP_BUILT_FOR_TORCH;
   m.attr("with_cuda") =
 #if defined(GRADCOMP_HAVE_CUDA)
       true;

@@ -5,6 +5,7 @@
 #include "profiled_communicator.h"
 #include "profiler_ranges.h"
 #include "tensor_params.h"
+#include "torch_compat.h"
 
 namespace gradcomp {
 namespace torch_ext {
@@ -27,15 +28,14 @@ void ProcessGroupCommunicator::run_all_to_all(const void* send, void* recv, size
   const int64_t total = static_cast<int64_t>(bytes) * world_size();
   at::Tensor in = wrap(const_cast<void*>(send), total, at::kByte);
   at::Tensor out = wrap(recv, total, at::kByte);
-  std::vector<int64_t> splits;
-  wait(group_->all_to_all_single(out, in, splits, splits));
+  wait(compat::all_to_all_single(*group_, out, in));
 }
 
 void ProcessGroupCommunicator::run_all_gather(const void* send, void* recv, size_t bytes) {
   GRADCOMP_PHASE("gradcomp::all_gather");
   at::Tensor in = wrap(const_cast<void*>(send), static_cast<int64_t>(bytes), at::kByte);
   at::Tensor out = wrap(recv, static_cast<int64_t>(bytes) * world_size(), at::kByte);
-  wait(group_->all_gather_single(out, in));
+  wait(compat::all_gather_single(*group_, out, in));
 }
 
 void ProcessGroupCommunicator::run_allreduce_mean(void* data, int64_t numel, DType dtype) {
@@ -53,7 +53,7 @@ void ProcessGroupCommunicator::run_reduce_scatter_mean(const void* send, void* r
   at::Tensor in = wrap(const_cast<void*>(send), numel_per_rank * world_size(), type);
   at::Tensor out = wrap(recv, numel_per_rank, type);
   at::Tensor scaled = in.mul(1.0 / static_cast<double>(world_size()));
-  wait(group_->reduce_scatter_single(out, scaled));
+  wait(compat::reduce_scatter_single(*group_, out, scaled));
 }
 
 NodeCommunicators node_communicators(const c10::intrusive_ptr<c10d::ProcessGroup>& intra_node,

@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "gradcomp/torch.h"
+#include "torch_compat.h"
 
 #if defined(GRADCOMP_HAVE_CUDA) && defined(USE_C10D_NCCL)
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -38,6 +39,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(c10::intrusive_ptr<c10
                                                           const std::string& backend,
                                                           std::chrono::milliseconds timeout) {
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world);
+  torch_ext::compat::remember_store(group, store);
   if (backend == "gloo") {
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
     const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
@@ -105,8 +107,11 @@ NodeProcessGroups split_node_groups(const c10::intrusive_ptr<c10d::ProcessGroup>
                                        << world << " ranks: every node must hold as many");
   if (local == 1) return {};
   const int node = rank / local, local_rank = rank % local;
-  auto store = group->getStore();
-  GRADCOMP_CHECK(store, "split_node_groups: the process group has no store");
+  auto store = torch_ext::compat::store_of(group);
+  GRADCOMP_CHECK(store,
+                 "split_node_groups: the process group shows no store on this torch (2.7 "
+                 "has no ProcessGroup::getStore): make it with process_group_from_env, or "
+                 "pass the node groups yourself (GradSyncOptions::node_groups)");
   // Each call's groups rendezvous under keys of their own (every rank calls in the same order),
   // so a second split never reads the first one's entries.
   static std::atomic<uint64_t> calls{0};

@@ -4,9 +4,13 @@ Codec specs (``Q4``, ``TopK``, ``NoCompression``) describe what a hook does; ``c
 ``decompress`` encode one tensor into a gradcomp payload and back. The DDP hook is
 ``gradcomp.torch.register`` (or the standard route, ``gradcomp.torch.comm_hook``).
 """
-# codecs imports torch before the extension: _C needs torch's libraries loaded (a wheel's
-# extension cannot point at the torch it was built against).
-from .codecs import NoCompression, Q4, TopK, compress, decompress
+# _C needs torch's libraries loaded first (a wheel's extension cannot point at the torch it was
+# built against), and a torch other than that one would not load it: checked before anything
+# imports it.
+from ._torch_compat import check_built_for_installed_torch
+
+check_built_for_installed_torch()
+from .codecs import NoCompression, Q4, TopK, compress, decompress  # noqa: E402
 from . import _C  # noqa: E402
 
 __all__ = ["Q4", "TopK", "NoCompression", "compress", "decompress", "with_cuda"]

@@ -11,11 +11,13 @@ C++ code:
 """
 
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
 
 from . import _C
+from ._torch_compat import guard_against_compiled_autograd
 from .codecs import NoCompression, Q4, TopK
 
 __all__ = ["register", "Hook", "HookState", "comm_hook", "check_optimizer", "node_groups"]
@@ -213,10 +215,57 @@ def check_optimizer(optimizer: torch.optim.Optimizer, codec) -> None:
                              f"replaces it)")
 
 
+_REDUCER_NEEDED = ("gradcomp's hook runs inside DDP's C++ reducer, bucket by bucket; {what} replaces that "
+                   "reducer, and DDP would then skip the hook or call it per parameter. Use torch.compile with "
+                   "the default torch._dynamo.config.optimize_ddp ('ddp_optimizer'), which keeps the reducer and "
+                   "the hook, and run backward without compiled autograd.")
+
+
+def _ddp_module(model) -> torch.nn.parallel.DistributedDataParallel:
+    """The DDP module of ``model``: itself, or the one ``torch.compile`` wrapped."""
+    import torch._dynamo  # a DDP model has imported it already
+
+    inner = model._orig_mod if isinstance(model, torch._dynamo.eval_frame.OptimizedModule) else model
+    if not isinstance(inner, torch.nn.parallel.DistributedDataParallel):
+        what = type(model).__name__ if inner is model else f"torch.compile of a {type(inner).__name__}"
+        raise TypeError(f"register expects a DistributedDataParallel model (or torch.compile of one), got {what}")
+    return inner
+
+
+def _check_reducer_kept(ddp_model=None) -> None:
+    """Refuses the torch.compile modes that replace DDP's C++ reducer (docs/api.md, torch.compile):
+    optimize_ddp="python_reducer" (for ``ddp_model``: the mode it was made in) and compiled
+    autograd enabled now. Compiled autograd switched on by config only applies to backward calls
+    inside a compiled function, where PyTorch itself raises at the reducer: a warning says so."""
+    import torch._dynamo
+
+    python_reducer = (getattr(ddp_model, "_use_python_reducer", False) if ddp_model is not None
+                      else torch._dynamo.utils.get_optimize_ddp_mode() == "python_reducer")
+    if python_reducer:
+        raise RuntimeError(_REDUCER_NEEDED.format(what='torch._dynamo.config.optimize_ddp="python_reducer"'))
+    if torch._dynamo.compiled_autograd.compiled_autograd_enabled:
+        raise RuntimeError(_REDUCER_NEEDED.format(what="compiled autograd"))
+    if torch._dynamo.config.compiled_autograd:
+        warnings.warn("torch._dynamo.config.compiled_autograd is on: a backward inside a compiled function would "
+                      "replace DDP's C++ reducer, which runs gradcomp's hook (PyTorch raises there). Call "
+                      "backward outside compiled code, or turn compiled autograd off.", stacklevel=3)
+
+
+def _guard(params) -> bool:
+    """Guards the first trained parameter against a backward under compiled autograd."""
+    param = next((p for p in params if p.requires_grad), None)
+    if param is not None:
+        guard_against_compiled_autograd(param)
+    return True
+
+
 def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *, optimizer=None,
              timeout=None, local_world_size=None, node_transport="shm", worker_cpus="auto",
              _fault=None) -> Hook:
     """Installs gradcomp as ``ddp_model``'s communication hook (call before the first backward).
+
+    ``ddp_model`` is the DDP module or ``torch.compile`` of it. The torch.compile modes that
+    replace DDP's C++ reducer (``optimize_ddp="python_reducer"``, compiled autograd) are refused.
 
     ``codec`` defaults to ``gradcomp.Q4()``. DDP allows one hook per model. ``optimizer``, when
     given, is checked against the codec's contract (``check_optimizer``). ``timeout``: seconds
@@ -230,8 +279,8 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *
     thread is bound to), "inherit", or CPUs such as "6-7" or ``[6, 7]``.
     ``_fault`` is for gradcomp's own tests (a transport fault to inject).
     """
-    if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
-        raise TypeError(f"register expects a DistributedDataParallel model, got {type(ddp_model).__name__}")
+    ddp_model = _ddp_module(ddp_model)
+    _check_reducer_kept(ddp_model)
     if optimizer is not None:
         check_optimizer(optimizer, Q4() if codec is None else codec)
     options = _options(codec, timeout, _fault, worker_cpus)
@@ -243,6 +292,7 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *
     # Buckets are recorded by parameter position, so a restart can reduce the saved layout.
     native.set_parameters(list(ddp_model.parameters()))
     _C.install_hook(ddp_model.reducer, native)
+    _guard(ddp_model.parameters())
     return Hook(native, Q4() if codec is None else codec)
 
 
@@ -251,6 +301,7 @@ class HookState(Hook):
 
     def __init__(self, codec=None, process_group=None, *, optimizer=None, timeout=None,
                  local_world_size=None, node_transport="shm", worker_cpus="auto", _fault=None):
+        _check_reducer_kept()
         if optimizer is not None:
             check_optimizer(optimizer, Q4() if codec is None else codec)
         self._options = _options(codec, timeout, _fault, worker_cpus)
@@ -259,6 +310,7 @@ class HookState(Hook):
         self._nodes = node_groups(process_group, local_world_size)
         self._group = _own_group(process_group)
         self._shm_name = _node_transport(self._nodes[0], node_transport)
+        self._guarded = False
         super().__init__(None, Q4() if codec is None else codec)
 
     def _ensure_native(self):
@@ -281,7 +333,11 @@ class HookState(Hook):
 
 def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: averages ``bucket`` over the ranks with gradcomp, in place."""
+    if not isinstance(bucket, dist.GradBucket):  # DDP made under optimize_ddp="python_reducer"
+        raise RuntimeError(_REDUCER_NEEDED.format(what='torch._dynamo.config.optimize_ddp="python_reducer"'))
     native = state._ensure_native()
+    if not state._guarded:  # from the first bucket on: the standard route sees no model before
+        state._guarded = _guard(bucket.parameters())
     shapes = [list(p.shape) for p in bucket.parameters()]
     # Queued as the registered hook queues it: the future completes when the bucket is averaged.
     # DDP's Python hooks must return a future of a Python object, hence the then(), as PyTorch's

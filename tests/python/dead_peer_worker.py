@@ -3,6 +3,7 @@ training script's would be: `python dead_peer_worker.py RANK WORLD STORE VICTIM 
 A survivor writes what it saw to REPORT and exits non-zero with the error."""
 import datetime
 import json
+import os
 import sys
 
 import torch.distributed as dist
@@ -14,8 +15,9 @@ def main(rank, world, store, victim, phase, pause_file, report, deadline=None):
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=20))
     seen = workers_faults.survive_a_dead_peer(rank, world, victim, phase, pause_file, deadline)
-    with open(report, "w") as f:
+    with open(report + ".tmp", "w") as f:  # whole, or not there: the test reads it while we exit
         json.dump(seen, f)
+    os.replace(report + ".tmp", report)
     raise SystemExit(f"rank {rank}: {seen['error']}")
 
 

@@ -1,0 +1,60 @@
+"""Every difference between the PyTorch versions gradcomp supports (2.7 to 2.15) that Python sees,
+and the check that the extension was built for the installed torch."""
+from __future__ import annotations
+
+import importlib.machinery
+import pathlib
+import re
+
+import torch
+
+MIN_TORCH = (2, 7)
+_MARK = re.compile(rb"gradcomp-built-for-torch=([0-9][0-9A-Za-z.+]*);")
+
+
+def _major_minor(version: str) -> tuple:
+    parts = version.split("+")[0].split(".")
+    return int(parts[0]), int(parts[1])
+
+
+def built_for_torch(package_dir: pathlib.Path):
+    """The torch version the extension in ``package_dir`` was built against, read from its bytes
+    without loading it; None when there is no extension or it does not say."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = package_dir / f"_C{suffix}"
+        if path.exists():
+            found = _MARK.search(path.read_bytes())
+            return found.group(1).decode() if found else None
+    return None
+
+
+def check_built_for_installed_torch(package_dir: pathlib.Path | None = None) -> None:
+    """Raises ImportError naming both versions when the extension was built for another torch
+    minor release (the C++ ABI changes between them): the fix is to rebuild against the one
+    installed."""
+    if _major_minor(torch.__version__) < MIN_TORCH:
+        raise ImportError(f"gradcomp needs torch {MIN_TORCH[0]}.{MIN_TORCH[1]} or newer; torch "
+                          f"{torch.__version__} is installed")
+    built = built_for_torch(package_dir or pathlib.Path(__file__).parent)
+    if built is not None and _major_minor(built) != _major_minor(torch.__version__):
+        raise ImportError(f"gradcomp's extension was built against torch {built}, but torch {torch.__version__} "
+                          f"is installed: rebuild it against the installed torch with "
+                          f"`pip install --no-build-isolation .` (or install the torch it was built for)")
+
+
+_COMPILED_AUTOGRAD = ("gradcomp: a backward under compiled autograd skips DDP's C++ reducer, which runs gradcomp's "
+                      "hook (torch {version} then averages no gradient at all). Run backward without compiled "
+                      "autograd; torch.compile of the model with the default optimize_ddp keeps the hook.")
+
+
+def guard_against_compiled_autograd(param: torch.Tensor) -> None:
+    """Makes a backward under compiled autograd raise once ``param``'s gradient is accumulated.
+    torch 2.15's reducer raises there itself; older ones (2.7 at least) silently skip the reducer,
+    and with it every bucket's averaging. Compiled autograd runs the Python hook in its graph."""
+    import torch._dynamo.compiled_autograd as compiled_autograd
+
+    def check(_):
+        if compiled_autograd.in_compiled_autograd_region:
+            raise RuntimeError(_COMPILED_AUTOGRAD.format(version=torch.__version__))
+
+    param.register_post_accumulate_grad_hook(check)

@@ -1,0 +1,34 @@
+"""The extension knows the torch it was built against, and refuses another one by name."""
+import importlib.machinery
+import pathlib
+import re
+
+import pytest
+import torch
+
+import gradcomp
+from gradcomp import _C, _torch_compat
+
+
+def _major_minor(v):
+    return tuple(int(x) for x in v.split("+")[0].split(".")[:2])
+
+
+def test_the_extension_was_built_for_the_installed_torch():
+    package = pathlib.Path(gradcomp.__file__).parent
+    built = _torch_compat.built_for_torch(package)
+    assert built == _C.built_for_torch, (built, _C.built_for_torch)
+    assert _major_minor(built) == _major_minor(torch.__version__)
+    assert _major_minor(built) >= _torch_compat.MIN_TORCH
+
+
+@pytest.mark.parametrize("built", ["2.6.0", "9.99.1"])
+def test_an_extension_built_for_another_torch_is_refused_before_it_loads(tmp_path, built):
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    # Not a loadable module: the check must decide from the bytes alone.
+    (tmp_path / f"_C{suffix}").write_bytes(b"\x7fELF...gradcomp-built-for-torch=" + built.encode() + b";...")
+    with pytest.raises(ImportError, match=re.escape(f"built against torch {built}, but torch {torch.__version__}")):
+        _torch_compat.check_built_for_installed_torch(tmp_path)
+    same = torch.__version__.split("+")[0]
+    (tmp_path / f"_C{suffix}").write_bytes(b"gradcomp-built-for-torch=" + same.encode() + b";")
+    _torch_compat.check_built_for_installed_torch(tmp_path)

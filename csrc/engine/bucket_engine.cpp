@@ -15,6 +15,7 @@ namespace gradcomp {
 
 void ReductionStats::add(const ReductionStats& o) {
   buckets += o.buckets;
+  compressed_buckets += o.compressed_buckets;
   bytes_sent += o.bytes_sent;
   inter_node_bytes += o.inter_node_bytes;
   uncompressed_bytes += o.uncompressed_bytes;
@@ -421,6 +422,7 @@ std::pair<BucketEngine::Done, std::exception_ptr> BucketEngine::finish_bucket(
   try {
     delta.nonfinite_buckets = allreduce_->finish_allreduce() ? 0 : 1;
     delta.buckets = 1;
+    delta.compressed_buckets = 1;
     delta.uncompressed_bytes = ring_allreduce_bytes(b.numel, b.dtype, comm_->world_size());
     reduced_this_step_.push_back(b.identity);
     step_ids_.insert(b.identity);
@@ -484,6 +486,7 @@ void BucketEngine::reduce_segments(const std::vector<Segment>& segments, DType d
   reduced_this_step_.push_back(identity);
   ReductionStats delta;
   delta.buckets = 1;
+  delta.compressed_buckets = 1;
   delta.uncompressed_bytes = ring_allreduce_bytes(numel, dtype, comm_->world_size());
   delta.nonfinite_buckets = finite ? 0 : 1;
   charge(from, delta);

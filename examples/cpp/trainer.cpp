@@ -157,13 +157,17 @@ std::string rank_path(const std::string& base, int rank) {
 
 int run(const Flags& f) {
   // --device cuda: one GPU per process (LOCAL_RANK) and NCCL; otherwise CPU and Gloo.
+  // --backend gloo with CUDA: more ranks than GPUs share them in turn (NCCL refuses that).
   const bool cuda = f.get("device", "cpu") == "cuda";
-  auto group = gradcomp::process_group_from_env(cuda ? "nccl" : "gloo",
+  auto group = gradcomp::process_group_from_env(f.get("backend", cuda ? "nccl" : "gloo"),
                                                 std::chrono::seconds(f.num("timeout", 60)));
   const int rank = group->getRank(), world = group->getSize();
   const char* local_rank = std::getenv("LOCAL_RANK");
+  const int gpus = cuda ? static_cast<int>(torch::cuda::device_count()) : 1;
   const torch::Device device =
-      cuda ? torch::Device(torch::kCUDA, local_rank ? std::atoi(local_rank) : 0) : torch::kCPU;
+      cuda ? torch::Device(torch::kCUDA,
+                           (local_rank ? std::atoi(local_rank) : 0) % std::max(gpus, 1))
+           : torch::kCPU;
   const Digits data = load_digits(f.get("data", "digits.bin"));
   const torch::Tensor rows = torch::arange(rank, data.train_x.size(0), world);
   const torch::Tensor x = data.train_x.index_select(0, rows).to(device);

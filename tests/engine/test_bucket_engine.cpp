@@ -111,6 +111,7 @@ TEST(BucketEngine, StatsCountBucketsBytesAndTheRingFormulaPerStep) {
     const ReductionStats step = engine.last_step_stats(), total = engine.total_stats();
     EXPECT_EQ(step.buckets, 2u);
     EXPECT_EQ(total.buckets, 4u);
+    EXPECT_EQ(total.compressed_buckets, 4u);
     const CompressionConfig c = q4_options().config;
     EXPECT_EQ(step.bytes_sent, compressed_allreduce_bytes_sent(c, 5000, world) +
                                    compressed_allreduce_bytes_sent(c, 3000, world));
@@ -120,6 +121,26 @@ TEST(BucketEngine, StatsCountBucketsBytesAndTheRingFormulaPerStep) {
     EXPECT_GT(step.comm_seconds, 0.0);
     EXPECT_EQ(step.nonfinite_buckets, 0u);
   });
+}
+
+TEST(BucketEngine, OneRankRunsTheCodecOnEveryBucketAndSendsNothing) {
+  // What a one-GPU job's stats say: every bucket compressed and decoded, nothing on a wire.
+  InProcessGroup group(1);
+  auto backend = make_cpu_backend();
+  BucketEngine engine(q4_options());
+  engine.bind(group.communicator(0), backend.get());
+  for (uint32_t step = 0; step < 2; ++step) {
+    std::vector<float> a = gradient(5000, step, 0), b = gradient(3000, step, 0, 1);
+    const std::vector<float> a0 = a;
+    engine.reduce(request(a, 0, 1, false));
+    engine.reduce(request(b, 1, 2, true));
+    EXPECT_NE(a, a0) << "one rank's bucket still goes through q4's rounding";
+  }
+  const ReductionStats total = engine.total_stats();
+  EXPECT_EQ(total.buckets, 4u);
+  EXPECT_EQ(total.compressed_buckets, 4u);
+  EXPECT_EQ(total.bytes_sent, 0u);
+  EXPECT_EQ(total.uncompressed_bytes, 0u);
 }
 
 TEST(BucketEngine, UncompressedPathAveragesAndCountsTheRing) {
@@ -135,6 +156,8 @@ TEST(BucketEngine, UncompressedPathAveragesAndCountsTheRing) {
     outputs[rank] = inputs[rank];
     ASSERT_FALSE(submit_and_wait(engine, request(outputs[rank], 0, 9, true)));
     EXPECT_EQ(engine.total_stats().bytes_sent, ring_allreduce_bytes(1001, DType::kFloat32, world));
+    EXPECT_EQ(engine.total_stats().buckets, 1u);
+    EXPECT_EQ(engine.total_stats().compressed_buckets, 0u);
     EXPECT_TRUE(engine.state().compression.residuals.empty());
   });
   for (int64_t i = 0; i < 1001; ++i) {

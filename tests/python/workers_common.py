@@ -25,13 +25,14 @@ def grad(rank: int, step: int, n: int) -> torch.Tensor:
     return torch.randn(n, generator=g) * (1.0 + rank)
 
 
-def reduce_steps(core, rank: int, steps, n: int = 3001) -> list:
-    """Hands one bucket of `n` elements per step to a native hook; returns the averaged buckets."""
+def reduce_steps(core, rank: int, steps, n: int = 3001, device="cpu") -> list:
+    """Hands one bucket of `n` elements per step to a native hook; returns the averaged buckets
+    (on the CPU)."""
     out = []
     for step in steps:
-        bucket = grad(rank, step, n)
+        bucket = grad(rank, step, n).to(device)
         core.reduce_bucket(bucket, 0, [[n]])
-        out.append(bucket)
+        out.append(bucket.cpu())
     return out
 
 

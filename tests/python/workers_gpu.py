@@ -18,6 +18,7 @@ from workers_common import codec, flat, grad
 def gpu_hook_matches_cpu(rank, world, codec_name):
     """On one GPU (NCCL, world 1) the hook's averaged buckets equal the CPU hook's bit for bit."""
     results = {}
+    torch.cuda.set_device(0)  # NCCL's communicator binds to the current device when first used
     for device in ("cpu", "cuda"):
         group = dist.new_group(backend="gloo" if device == "cpu" else "nccl")
         core = _C.DdpHook(group, codec(codec_name)._options())
@@ -49,7 +50,7 @@ def gpu_ddp_trains(rank, world):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
-            opt.zerograd()
+            opt.zero_grad()
             ddp(x).square().mean().backward()
             opt.step()
         torch.cuda.synchronize()

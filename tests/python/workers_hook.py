@@ -15,8 +15,9 @@ from workers_common import MLP, codec, flat, grad, reduce_steps, train_ddp
 MASK = 0xFFFFFFFF
 
 
-def reference_equality(rank, world, codec_name, n):
-    """The hook's averaged bucket equals the pure-PyTorch reference bit for bit, over 3 steps."""
+def reference_equality(rank, world, codec_name, n, device="cpu"):
+    """The hook's averaged bucket (on `device`) equals the pure-PyTorch reference bit for bit,
+    over 4 steps."""
     core = _C.DdpHook(dist.group.WORLD, codec(codec_name)._options())
     shapes = [[n]]
     bucket_id = _C.bucket_identity(0, torch.zeros(n), shapes) & MASK
@@ -36,8 +37,9 @@ def reference_equality(rank, world, codec_name, n):
             expect = ref.step(grads, step, bucket_id)
         else:
             expect = ref.step(grads, step) if codec_name.startswith("topk_dgc") else ref.step(grads)
-        bucket = grads[rank].clone()
+        bucket = grads[rank].clone().to(device)
         core.reduce_bucket(bucket, 0, shapes)
+        bucket = bucket.cpu()
         if not torch.equal(bucket.view(torch.int32), expect.view(torch.int32)):
             diff = (bucket - expect).abs()
             raise AssertionError(f"step {step}: {int((diff > 0).sum())} elements differ, max {diff.max().item()}")
@@ -45,12 +47,12 @@ def reference_equality(rank, world, codec_name, n):
     return stats["bytes_sent"], stats["uncompressed_bytes"]
 
 
-def checkpoint_resume(rank, world, codec_name):
-    # The hook's own state round trip, on fixed buckets: 3 steps, save, a new hook loads the
-    # state, 3 more steps; equal to 6 uninterrupted steps bit for bit.
+def state_round_trip(rank, world, codec_name, device="cpu"):
+    """The hook's own state round trip, on fixed buckets on `device`: 3 steps, save, a new hook
+    loads the state, 3 more steps; equal to 6 uninterrupted steps bit for bit."""
 
     def run(core, steps):
-        return reduce_steps(core, rank, steps)
+        return reduce_steps(core, rank, steps, device=device)
 
     options = codec(codec_name)._options()
     full = run(_C.DdpHook(dist.group.WORLD, options), range(6))
@@ -62,6 +64,11 @@ def checkpoint_resume(rank, world, codec_name):
     resumed = run(second, range(3, 6))
     for a, b in zip(full[3:], resumed):
         assert torch.equal(a, b), f"resumed hook differs: max {(a - b).abs().max().item()}"
+    return True
+
+
+def checkpoint_resume(rank, world, codec_name):
+    state_round_trip(rank, world, codec_name)
 
     # Through DDP and gt.register. DDP builds its first-iteration bucket in parameter order and
     # rebuilds it in gradient-ready order; with one parameter tensor the two agree, so the
@@ -81,13 +88,13 @@ def checkpoint_resume(rank, world, codec_name):
     return True
 
 
-def nan_propagates(rank, world, codec_name):
+def nan_propagates(rank, world, codec_name, device="cpu"):
     n = 4096
     core = _C.DdpHook(dist.group.WORLD, codec(codec_name)._options())
-    bucket = grad(rank, 0, n)
+    bucket = grad(rank, 0, n).to(device)
     core.reduce_bucket(bucket, 0, [[n]])
     before = core.state_dict()
-    bucket = grad(rank, 1, n)
+    bucket = grad(rank, 1, n).to(device)
     if rank == world - 1:
         bucket[1234] = float("nan")
     core.reduce_bucket(bucket, 0, [[n]])

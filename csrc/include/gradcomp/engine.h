@@ -52,6 +52,9 @@ struct BucketRequest {
 // Counters for one step or for a whole run.
 struct ReductionStats {
   uint64_t buckets = 0;
+  // Buckets that went through the codec (the rest: plain allreduce, NoCompression). At one rank
+  // nothing goes on a wire, so bytes_sent and uncompressed_bytes stay 0 while the codec still runs.
+  uint64_t compressed_buckets = 0;
   uint64_t bytes_sent = 0;          // everything this rank put on the wire
   uint64_t inter_node_bytes = 0;    // the part that left its node (flat: all of it, as a bound)
   uint64_t uncompressed_bytes = 0;  // what a ring allreduce of the bucket dtype would send

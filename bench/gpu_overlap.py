@@ -24,6 +24,8 @@ import torch.nn as nn
 import gradcomp
 import gradcomp.torch as gt
 
+from timeline import intersect, length, union  # bench/, beside this script
+
 
 class Block(nn.Module):
     def __init__(self, d: int, heads: int):
@@ -50,21 +52,6 @@ class Transformer(nn.Module):
         return self.head(self.blocks(self.embed(tokens) + self.pos))
 
 
-def intervals_overlap(a: list, b: list) -> float:
-    """Total length of the parts of intervals `a` that lie inside the union of intervals `b`."""
-    merged = []
-    for start, end in sorted(b):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    total = 0.0
-    for start, end in a:
-        for m0, m1 in merged:
-            total += max(0.0, min(end, m1) - max(start, m0))
-    return total
-
-
 def kernel_overlap(trace_path: str) -> dict:
     """gradcomp's kernels against the other streams' kernels in a chrome trace."""
     events = json.load(open(trace_path))["traceEvents"]
@@ -72,13 +59,12 @@ def kernel_overlap(trace_path: str) -> dict:
     ours = [e for e in kernels if "gradcomp" in e["name"] or "q4_" in e["name"] or "topk_" in e["name"]]
     our_streams = {e["args"].get("stream") for e in ours}
     others = [e for e in kernels if e["args"].get("stream") not in our_streams]
-    a = [(e["ts"], e["ts"] + e["dur"]) for e in ours]
-    b = [(e["ts"], e["ts"] + e["dur"]) for e in others]
-    codec_us = sum(e1 - e0 for e0, e1 in a)
+    a = union([(e["ts"], e["ts"] + e["dur"]) for e in ours])
+    b = union([(e["ts"], e["ts"] + e["dur"]) for e in others])
+    codec_us, overlapped_us = length(a), length(intersect(a, b))
     return {"gradcomp_kernels": len(ours), "gradcomp_streams": sorted(str(s) for s in our_streams),
-            "other_kernels": len(others), "gradcomp_kernel_us": codec_us,
-            "overlapped_us": intervals_overlap(a, b),
-            "overlap_fraction": intervals_overlap(a, b) / codec_us if codec_us else None}
+            "other_kernels": len(others), "gradcomp_kernel_us": codec_us, "overlapped_us": overlapped_us,
+            "overlap_fraction": overlapped_us / codec_us if codec_us else None}
 
 
 def run(args) -> dict:

@@ -93,6 +93,18 @@ def python_reducer_is_refused(rank, world):
     return len(messages)
 
 
+def _backward_under_compiled_autograd(model, x, y) -> str:
+    """The error of one backward under compiled autograd (which must raise)."""
+    from torch._dynamo import compiled_autograd
+
+    with compiled_autograd._enable(torch.compile(backend="eager")):
+        try:
+            nn.functional.cross_entropy(model(x), y).backward()
+        except RuntimeError as e:
+            return str(e)
+    raise AssertionError("a backward under compiled autograd went through")
+
+
 def compiled_autograd_is_refused(rank, world, route):
     """Compiled autograd replaces the C++ reducer: register refuses it when it is on, warns when
     only its config flag is set, and a backward under it raises without reducing a bucket (the
@@ -123,13 +135,7 @@ def compiled_autograd_is_refused(rank, world, route):
     if route == "standard":
         nn.functional.cross_entropy(ddp(x), y).backward()
         eager_buckets = hook.stats()["total"]["buckets"]
-    with compiled_autograd._enable(torch.compile(backend="eager")):
-        try:
-            nn.functional.cross_entropy(ddp(x), y).backward()
-        except RuntimeError as e:
-            raised = str(e)
-        else:
-            raise AssertionError("a backward under compiled autograd went through")
+    raised = _backward_under_compiled_autograd(ddp, x, y)
     # torch 2.15's reducer raises; on older ones gradcomp's guard does (they skip the reducer).
     assert "compiled autograd" in raised.lower(), raised
     assert hook.stats()["total"]["buckets"] == eager_buckets, hook.stats()
@@ -140,8 +146,6 @@ def grad_sync_under_compiled_autograd(rank, world):
     """GradSync averages gradients from Python as from C++, and refuses compiled autograd by name
     (its accumulate-grad hooks have no graph form: older torch would drop them silently)."""
     torch._dynamo.reset()
-    from torch._dynamo import compiled_autograd
-
     torch.manual_seed(0)
     model = MLP()
     sync = _C.GradSync(list(model.parameters()), dist.group.WORLD, gradcomp.NoCompression()._options())
@@ -154,12 +158,6 @@ def grad_sync_under_compiled_autograd(rank, world):
     dist.all_reduce(expected)
     assert torch.allclose(averaged, expected / world, rtol=1e-6, atol=1e-7)
     model.zero_grad()
-    with compiled_autograd._enable(torch.compile(backend="eager")):
-        try:
-            nn.functional.cross_entropy(model(x), y).backward()
-        except RuntimeError as e:
-            refused = str(e)
-        else:
-            raise AssertionError("GradSync ran under compiled autograd")
+    refused = _backward_under_compiled_autograd(model, x, y)
     assert "GradSync does not run under compiled autograd" in refused, refused
     return True

@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-import gradcomp
-
 from workers_common import MLP, codec, flat, hook_on_route
 
 

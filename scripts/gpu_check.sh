@@ -99,7 +99,9 @@ if [ "$torch_ok" = 1 ] && [ -d build-gpu-python ]; then
     cmake -S examples/cpp -B build-gpu/example-cpp -G Ninja -DCMAKE_PREFIX_PATH="$root/build-gpu/install-torch;$torch_cmake" &&
     cmake --build build-gpu/example-cpp; } > "$out/grad-sync-build.log" 2>&1 || { tail -20 "$out/grad-sync-build.log"; status=1; }
   GRADCOMP_CPP_TRAINER="$root/build-gpu/example-cpp/digits_trainer" PYTHONUNBUFFERED=1 timeout 240 \
-    python3 -m pytest tests/python/test_gpu_grad_sync.py -q -rs 2>&1 | tee "$out/pytest-grad-sync.log" | tail -3 || true
+    python3 -m pytest tests/python/test_gpu_grad_sync.py "tests/python/test_grad_sync.py::test_resume_from_a_checkpoint_is_bit_identical" \
+    "tests/python/test_grad_sync.py::test_a_non_finite_bf16_step_is_reported_on_every_rank" -k "cuda or gpu" -q -rs 2>&1 |
+    tee "$out/pytest-grad-sync.log" | tail -3 || true
   grep -qE "failed|error" "$out/pytest-grad-sync.log" && status=1 || true
 fi
 echo "total: $(( $(date +%s) - t0 )) s"

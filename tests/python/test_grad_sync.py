@@ -5,6 +5,9 @@ import statistics
 
 import numpy as np
 import pytest
+import torch
+
+import gradcomp
 
 from cpp_trainer import digits_file, launch, launch_quickstart
 from launcher import launch as launch_python
@@ -108,10 +111,19 @@ def test_hierarchical_grad_sync_equals_the_hook_with_node_groups_and_resumes(dat
     assert flat.returncode != 0 and "ranks per node" in flat.stderr + flat.stdout
 
 
+# The CUDA cases: two processes sharing one GPU over Gloo (NCCL refuses two ranks on one GPU).
+ON_CUDA = pytest.param(["--device", "cuda", "--backend", "gloo"], id="cuda",
+                       marks=pytest.mark.skipif(not (torch.cuda.is_available() and gradcomp.with_cuda),
+                                                reason="no CUDA device, or gradcomp built without CUDA"))
+ON_CPU = pytest.param([], id="cpu")
+
+
+@pytest.mark.parametrize("device", [ON_CPU, ON_CUDA])
 @pytest.mark.parametrize("codec", ["q4", "topk", "topk-dgc", "topk-q4warmup"])
-def test_resume_from_a_checkpoint_is_bit_identical(data, tmp_path, codec):
+def test_resume_from_a_checkpoint_is_bit_identical(data, tmp_path, codec, device):
     # The q4 warm-up ends after the checkpoint (saved at 20) and before the end.
     common = ["--data", data, "--codec", codec, "--steps", 40] + (["--q4-warmup", 30] if "q4warmup" in codec else [])
+    common += device
     launch(2, common + ["--params-out", tmp_path / "uninterrupted"])
     launch(2, common + ["--save-at", 20, "--save", tmp_path / "ckpt", "--stop-at-save"])
     launch(2, common + ["--resume", tmp_path / "ckpt", "--params-out", tmp_path / "resumed"])
@@ -140,8 +152,9 @@ def test_unused_parameters_raise_by_name_or_count_as_zero(data):
     assert ranks[0]["accuracy"] == ranks[1]["accuracy"]
 
 
-def test_a_non_finite_bf16_step_is_reported_on_every_rank(data):
-    run = launch(2, ["--data", data, "--steps", 5, "--dtype", "bfloat16", "--nan-at", 3])
+@pytest.mark.parametrize("device", [ON_CPU, ON_CUDA])
+def test_a_non_finite_bf16_step_is_reported_on_every_rank(data, device):
+    run = launch(2, ["--data", data, "--steps", 5, "--dtype", "bfloat16", "--nan-at", 3] + device)
     reports = [line for line in run.lines if "nonfinite_buckets" in line and line.startswith("rank")]
     assert len(reports) == 2 and all(int(line.split()[-1]) >= 1 for line in reports), run.stdout
 

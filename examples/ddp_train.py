@@ -3,11 +3,11 @@
     torchrun --nproc-per-node 2 examples/ddp_train.py --codec q4
     torchrun --nproc-per-node 2 examples/ddp_train.py --codec topk --ratio 0.01
     torchrun --nproc-per-node 2 examples/ddp_train.py --codec none        # plain DDP allreduce
+    srun --ntasks-per-node 2 python examples/ddp_train.py --codec q4      # Slurm, without torchrun
 
 Runs on CPU with Gloo, or on GPUs with NCCL (one GPU per process) when CUDA is available.
 """
 import argparse
-import os
 
 import torch
 import torch.distributed as dist
@@ -79,9 +79,10 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     use_cuda = torch.cuda.is_available()
+    env = gt.launch_env()  # torchrun's variables, or Slurm's under srun without torchrun
     if use_cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if use_cuda else "gloo")
+        torch.cuda.set_device(env["local_rank"] % torch.cuda.device_count())
+    gt.init_process_group("nccl" if use_cuda else "gloo")
     device = f"cuda:{torch.cuda.current_device()}" if use_cuda else "cpu"
 
     def log(epoch, hook):

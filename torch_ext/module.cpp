@@ -288,6 +288,18 @@ PYBIND11_MODULE(_C, m) {
         d["total"] = stats_dict(st.total);
         return d;
       });
+  m.def("launch_env", [] {
+    const gradcomp::LaunchEnv e = call_core([] { return gradcomp::launch_env(); });
+    py::dict d;
+    d["rank"] = e.rank;
+    d["world_size"] = e.world_size;
+    d["local_rank"] = e.local_rank;
+    d["local_world_size"] = e.local_world_size;
+    d["master_addr"] = e.master_addr;
+    d["master_port"] = e.master_port;
+    d["launcher"] = e.launcher;
+    return d;
+  });
   m.def(
       "install_hook",
       [](py::object reducer, std::shared_ptr<DdpHook> hook) {

@@ -1,5 +1,5 @@
-// c10d process groups for C++ programs: from torchrun's environment, and node groups split from
-// one.
+// c10d process groups for C++ programs: from torchrun's or Slurm's environment, and node groups
+// split from one.
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -22,15 +22,6 @@ std::string env(const char* name, const char* fallback = nullptr) {
   GRADCOMP_CHECK(v != nullptr || fallback != nullptr,
                  "process_group_from_env: " << name << " is not set (launch with torchrun)");
   return v != nullptr ? v : fallback;
-}
-
-int env_int(const char* name, const char* fallback = nullptr) {
-  const std::string v = env(name, fallback);
-  char* end = nullptr;
-  const long x = std::strtol(v.c_str(), &end, 10);
-  GRADCOMP_CHECK(end != v.c_str() && *end == '\0' && x >= 0 && x < (1L << 30),
-                 "process_group_from_env: " << name << "='" << v << "' is not a number");
-  return static_cast<int>(x);
 }
 
 // A process group of `backend` over `store`.
@@ -72,13 +63,14 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(c10::intrusive_ptr<c10
 
 c10::intrusive_ptr<c10d::ProcessGroup> process_group_from_env(const std::string& backend,
                                                               std::chrono::milliseconds timeout) {
-  const int rank = env_int("RANK");
-  const int world = env_int("WORLD_SIZE");
-  GRADCOMP_CHECK(rank < world,
-                 "process_group_from_env: RANK " << rank << " >= WORLD_SIZE " << world);
-  const std::string addr = env("MASTER_ADDR", "127.0.0.1");
+  // torchrun's variables, or Slurm's under srun without torchrun.
+  const LaunchEnv launch = launch_env();
+  const int rank = launch.rank, world = launch.world_size;
+  const std::string addr = launch.master_addr;
   c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<uint16_t>(env_int("MASTER_PORT", "29500"));
+  GRADCOMP_CHECK(launch.master_port < 65536,
+                 "process_group_from_env: port " << launch.master_port << " is out of range");
+  store_options.port = static_cast<uint16_t>(launch.master_port);
   // Under torchrun's agent the store server already runs in the agent; workers are its clients.
   const bool agent_store = env("TORCHELASTIC_USE_AGENT_STORE", "False") == "True";
   store_options.isServer = rank == 0 && !agent_store;
@@ -99,7 +91,12 @@ NodeProcessGroups split_node_groups(const c10::intrusive_ptr<c10d::ProcessGroup>
   const int world = group->getSize(), rank = group->getRank();
   int local = local_world_size;
   if (local == 0) {
-    local = env_int("LOCAL_WORLD_SIZE", "1");
+    try {
+      local =
+          launch_env().local_world_size;  // torchrun's LOCAL_WORLD_SIZE, or Slurm's tasks per node
+    } catch (const Error&) {
+      local = 1;  // a group made without a launcher's environment: one node
+    }
     if (local <= 0 || local >= world) local = 1;
   }
   GRADCOMP_CHECK(local >= 1 && world % local == 0,

@@ -96,15 +96,18 @@ def node_groups(process_group=None, local_world_size=None):
     """The process groups of a hierarchical reduction: ``(intra_node, inter_node)`` for
     ``local_world_size`` ranks per node, or ``(None, None)`` for the flat scheme.
 
-    Ranks are node-major, as torchrun numbers them: rank = node * L + local rank. ``None`` takes
-    ``LOCAL_WORLD_SIZE`` (set by torchrun) when the job spans more than one node, and the flat
-    scheme otherwise. Every rank of the default group must call it (it creates process groups).
+    Ranks are node-major, as torchrun and srun number them: rank = node * L + local rank. ``None``
+    takes the launcher's ranks per node (torchrun's ``LOCAL_WORLD_SIZE``, Slurm's tasks per node)
+    when the job spans more than one node, and the flat scheme otherwise. Every rank of the default group must call it (it creates process groups).
     """
     group = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
     world = group.size()
-    if local_world_size is None:
-        env = os.environ.get("LOCAL_WORLD_SIZE", "")
-        local_world_size = int(env) if env.isdigit() and 0 < int(env) < world else 1
+    if local_world_size is None:  # the launcher's ranks per node (torchrun's or Slurm's)
+        try:
+            launched = _C.launch_env()["local_world_size"]
+        except RuntimeError:  # no launcher's environment: one node
+            launched = 1
+        local_world_size = launched if 0 < launched < world else 1
     if isinstance(local_world_size, bool) or not isinstance(local_world_size, int) or local_world_size < 1:
         raise ValueError(f"local_world_size must be a positive number of ranks per node, got {local_world_size!r}")
     if world % local_world_size != 0:

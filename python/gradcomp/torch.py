@@ -1,4 +1,6 @@
 """``gradcomp.torch``: the DDP hook under the name users import (implemented in ``gradcomp.ddp``)."""
 from .ddp import Hook, HookState, check_optimizer, comm_hook, node_groups, register
+from .launch import init_process_group, launch_env
 
-__all__ = ["register", "Hook", "HookState", "comm_hook", "check_optimizer", "node_groups"]
+__all__ = ["register", "Hook", "HookState", "comm_hook", "check_optimizer", "node_groups", "init_process_group",
+           "launch_env"]

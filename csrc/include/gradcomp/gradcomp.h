@@ -9,6 +9,7 @@
 #include "gradcomp/engine.h"
 #include "gradcomp/format.h"
 #include "gradcomp/inprocess_group.h"
+#include "gradcomp/launch_env.h"
 #include "gradcomp/shm_communicator.h"
 #include "gradcomp/types.h"
 #if defined(GRADCOMP_HAVE_CUDA)

@@ -18,8 +18,9 @@
 namespace gradcomp {
 
 // A process group from the variables torchrun sets (MASTER_ADDR, MASTER_PORT, RANK,
-// WORLD_SIZE): "gloo" (CPU tensors) or "nccl" (CUDA tensors, CUDA builds). Collectives that do
-// not complete within `timeout` raise instead of hanging.
+// WORLD_SIZE), or Slurm's under srun without torchrun (gradcomp::launch_env): "gloo" (CPU
+// tensors) or "nccl" (CUDA tensors, CUDA builds). Collectives that do not complete within
+// `timeout` raise instead of hanging.
 c10::intrusive_ptr<c10d::ProcessGroup> process_group_from_env(
     const std::string& backend = "gloo",
     std::chrono::milliseconds timeout = std::chrono::seconds(60));
@@ -32,8 +33,9 @@ struct NodeProcessGroups {
 
 // Splits `group` into node groups for `local_world_size` ranks per node, node-major (rank = node
 // * L + local rank, as torchrun numbers them), over the group's store: "gloo" or "nccl" groups.
-// Every rank of `group` calls it. 1: the flat scheme (both null); 0: LOCAL_WORLD_SIZE from the
-// environment when the job spans more than one node, else flat.
+// Every rank of `group` calls it. 1: the flat scheme (both null); 0: the launcher's ranks per
+// node (torchrun's LOCAL_WORLD_SIZE, Slurm's tasks per node) when the job spans more than one
+// node, else flat.
 NodeProcessGroups split_node_groups(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                                     int local_world_size, const std::string& backend = "gloo",
                                     std::chrono::milliseconds timeout = std::chrono::seconds(60));

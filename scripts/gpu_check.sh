@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_PREFIX_PATH="$root/.gpu-deps/usr" > "$out/configure.log"
-cmake --build build-gpu -j "$(nproc)" --target gradcomp_gpu_tests gradcomp_bench_cuda > "$out/build.log" 2>&1 || {
+cmake --build build-gpu -j "$(nproc)" --target gradcomp_gpu_tests gradcomp_bench_cuda gradcomp_bench_cli > "$out/build.log" 2>&1 || {
   tail -40 "$out/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 
@@ -58,6 +58,23 @@ for name, m in r["methods"].items():
     print(f"  {name:14s} {m['median_step_ms']:7.2f} ms  x{m.get('vs_ddp', float('nan')):.3f}  codec "
           f"{m.get('codec_ms_per_step', 0):.2f} ms/step  overlap {t.get('overlap_fraction')}")
 PY
+  # The step-time model of docs/benchmarks.md with the codec rate measured above (q4's kernels'
+  # GPU time per step from the trace, not the host's queueing time), 8 GPUs a node, 2-64 nodes.
+  encode=$(python3 - "$out/overlap.json" <<'PY' 2>/dev/null || true
+import json, sys
+r = json.load(open(sys.argv[1]))
+t = r["methods"]["gradcomp-q4"]["trace"]
+seconds = t["gradcomp_kernel_us"] / 3 * 1e-6  # three profiled steps
+# project_mode's codec cost is 24 bytes per element over --encode-gbps GB/s: invert it.
+print(f"--params {r['params']} --encode-gbps {24 * r['params'] / seconds / 1e9:.1f}" if seconds > 0 else "")
+PY
+)
+  if [ -n "$encode" ]; then
+    for nodes in 2 4 8 16 32 64; do
+      # shellcheck disable=SC2086  # $encode holds two options
+      ./build-gpu/bench/gradcomp-bench project $encode --link-gbps 25,100,400 --gpus-per-node 8 --nodes "$nodes"
+    done > "$out/projection.txt" 2>&1 && tail -4 "$out/projection.txt" || status=1
+  fi
 fi
 echo "front ends: $(( $(date +%s) - t0 )) s"
 

@@ -43,9 +43,9 @@ double seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
-// Runs after a parameter's gradient is accumulated. Compiled autograd would drop a hook that
-// has no graph form (torch <= 2.14 silently), so a step under it would lose its gradients: the
-// hook refuses it by name instead.
+// Runs after a parameter's gradient is accumulated. Compiled autograd cannot trace it, and
+// torch 2.7 dropped such a hook silently (its LambdaPostHook), so a step under compiled autograd
+// would lose its gradients: this hook refuses it by name instead.
 class GradientArrivedHook final : public torch::autograd::FunctionPostHook {
  public:
   explicit GradientArrivedHook(std::function<void()> arrived) : arrived_(std::move(arrived)) {}

@@ -69,7 +69,7 @@ GRADCOMP_BUILD_DIR="$root/build-torch-oldest" CMAKE_CUDA_ARCHITECTURES="$cuda_ar
 cmake --build build-torch-oldest -j "$jobs"
 cmake --install build-torch-oldest --prefix "$root/build/install-torch-oldest" > /dev/null
 torch_cmake_old="$("$venv_old/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
-# torch <= 2.8's CMake config looks for NVTX 3 in its own source tree unless told to use the toolkit's.
+# torch 2.7's CMake config looks for NVTX 3 in its own source tree unless told to use the toolkit's.
 cmake -S examples/cpp -B build/example-cpp-oldest -G Ninja -DCMAKE_BUILD_TYPE=Release -DUSE_SYSTEM_NVTX=ON \
   -DCMAKE_PREFIX_PATH="$root/build/install-torch-oldest;$torch_cmake_old" > /dev/null
 cmake --build build/example-cpp-oldest

@@ -11,7 +11,7 @@
 
 namespace py = pybind11;
 
-// Found by gradcomp/_torch_check.py in the file's bytes, before the module is loaded.
+// Found by gradcomp/_torch_compat.py in the file's bytes, before the module is loaded.
 extern "C" __attribute__((used, visibility("default"))) const char gradcomp_built_for_torch[] =
     "gradcomp-built-for-torch=" GRADCOMP_BUILT_FOR_TORCH ";";
 

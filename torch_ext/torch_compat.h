@@ -22,13 +22,14 @@ namespace gradcomp {
 namespace torch_ext {
 namespace compat {
 
-// Autograd nodes are held by std::shared_ptr up to torch 2.12 and by c10::intrusive_ptr since.
+// Autograd nodes are held by std::shared_ptr in older torch (2.7, 2.11) and by c10::intrusive_ptr
+// in newer (2.15).
 using NodePtr =
     decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
 
 #if defined(GRADCOMP_HAVE_CUDA)
-// c10::cuda::CUDAEvent since torch 2.11 (at::cuda::CUDAEvent, which newer versions dropped,
-// before).
+// c10::cuda::CUDAEvent in newer torch (2.15), at::cuda::CUDAEvent in older (2.7), which newer
+// versions dropped.
 #if __has_include(<c10/cuda/CUDAEvent.h>)
 using CudaEvent = c10::cuda::CUDAEvent;
 #else
@@ -37,9 +38,9 @@ using CudaEvent = at::cuda::CUDAEvent;
 #endif
 
 // c10d's single-tensor collectives are all_to_all_single, all_gather_single and
-// reduce_scatter_single since torch 2.14; before, alltoall_base, _allgather_base and
-// _reduce_scatter_base (deprecated forwarders since). The group is a template parameter so
-// that only the branch this torch has is instantiated.
+// reduce_scatter_single in newer torch (2.15); older ones (2.7, 2.11) have only alltoall_base,
+// _allgather_base and _reduce_scatter_base (deprecated forwarders in newer ones). The group is a
+// template parameter so that only the branch this torch has is instantiated.
 template <typename Group>
 c10::intrusive_ptr<c10d::Work> all_to_all_single(Group& group, at::Tensor& out, at::Tensor& in) {
   std::vector<int64_t> splits;  // empty: equal splits
@@ -70,7 +71,7 @@ c10::intrusive_ptr<c10d::Work> reduce_scatter_single(Group& group, at::Tensor& o
 }
 
 // The store a process group was made over: ProcessGroup::getStore where this torch has it
-// (2.8 and newer have it; 2.7 does not), else the store gradcomp recorded when it made the group
+// (2.11 and 2.15 do; 2.7 does not), else the store gradcomp recorded when it made the group
 // (remember_store); null for a group made elsewhere on a torch without getStore.
 c10::intrusive_ptr<c10d::Store> recorded_store(const c10::intrusive_ptr<c10d::ProcessGroup>& group);
 void remember_store(const c10::intrusive_ptr<c10d::ProcessGroup>& group,

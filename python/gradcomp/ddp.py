@@ -98,7 +98,8 @@ def node_groups(process_group=None, local_world_size=None):
 
     Ranks are node-major, as torchrun and srun number them: rank = node * L + local rank. ``None``
     takes the launcher's ranks per node (torchrun's ``LOCAL_WORLD_SIZE``, Slurm's tasks per node)
-    when the job spans more than one node, and the flat scheme otherwise. Every rank of the default group must call it (it creates process groups).
+    when the job spans more than one node, and the flat scheme otherwise. Every rank of the
+    default group must call it (it creates process groups).
     """
     group = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
     world = group.size()
@@ -254,12 +255,11 @@ def _check_reducer_kept(ddp_model=None) -> None:
                       "backward outside compiled code, or turn compiled autograd off.", stacklevel=3)
 
 
-def _guard(params) -> bool:
+def _guard(params) -> None:
     """Guards the first trained parameter against a backward under compiled autograd."""
     param = next((p for p in params if p.requires_grad), None)
     if param is not None:
         guard_against_compiled_autograd(param)
-    return True
 
 
 def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *, optimizer=None,
@@ -340,7 +340,8 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
         raise RuntimeError(_REDUCER_NEEDED.format(what='torch._dynamo.config.optimize_ddp="python_reducer"'))
     native = state._ensure_native()
     if not state._guarded:  # from the first bucket on: the standard route sees no model before
-        state._guarded = _guard(bucket.parameters())
+        _guard(bucket.parameters())
+        state._guarded = True
     shapes = [list(p.shape) for p in bucket.parameters()]
     # Queued as the registered hook queues it: the future completes when the bucket is averaged.
     # DDP's Python hooks must return a future of a Python object, hence the then(), as PyTorch's

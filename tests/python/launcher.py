@@ -10,7 +10,8 @@ import tempfile
 import traceback
 
 
-def _entry(module: str, fn: str, rank: int, world: int, store: str, args: tuple, queue, timeout: float = 180.0) -> None:
+def _entry(module: str, fn: str, rank: int, world: int, store: str, args: tuple, queue,
+           timeout: float = 180.0) -> None:
     # A rank still running shortly before the test gives up prints every thread's stack: a hang
     # then says where it is (stderr reaches the test's report).
     faulthandler.dump_traceback_later(max(timeout - 15.0, 1.0), exit=False)
@@ -34,7 +35,8 @@ def launch(module: str, fn: str, world: int, *args, timeout: float = 180.0) -> l
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_entry, args=(module, fn, r, world, store, args, queue, timeout)) for r in range(world)]
+        procs = [ctx.Process(target=_entry, args=(module, fn, r, world, store, args, queue, timeout))
+                 for r in range(world)]
         for p in procs:
             p.start()
         results, errors = {}, []

@@ -1,0 +1,323 @@
+// The compressed reduce-scatter: rows encoded one by one, an all-to-all, the own row decoded and
+// reduced in fp32; residuals per bucket and their checkpoint.
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "backend_buffer.h"
+#include "codec_params.h"
+#include "gradcomp/format.h"
+#include "gradcomp/reduce_scatter.h"
+#include "layout_check.h"
+
+namespace gradcomp {
+namespace {
+
+using Buffer = detail::BackendBuffer;
+
+// Row r's random bits: phases 0 and 1 are the allreduce's two phases.
+constexpr uint32_t kFirstRowPhase = 2;
+
+uint64_t slot_bytes_of(const CompressionConfig& config, int64_t shard_numel) {
+  if (config.codec == Codec::kQ4) return q4_payload_bytes(shard_numel, config.q4.block_size);
+  return topk_payload_bytes(topk_capacity(shard_numel, config.topk), config.topk.value_dtype);
+}
+
+// One NaN of dtype, as the backends read it.
+std::vector<uint8_t> nan_bytes(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: {
+      const uint32_t bits = 0x7fc00000u;
+      std::vector<uint8_t> b(4);
+      std::memcpy(b.data(), &bits, 4);
+      return b;
+    }
+    case DType::kBFloat16:
+      return {0xc0, 0x7f};
+    case DType::kFloat16:
+      return {0x00, 0x7e};
+  }
+  GRADCOMP_CHECK(false, "no NaN for dtype code " << int(dtype));
+}
+
+}  // namespace
+
+uint64_t compressed_reduce_scatter_bytes_sent(const CompressionConfig& config, int64_t shard_numel,
+                                              int world) {
+  return static_cast<uint64_t>(world - 1) * slot_bytes_of(config, shard_numel);
+}
+
+uint64_t reduce_scatter_residual_bytes(const CompressionConfig& config, int64_t shard_numel,
+                                       int world) {
+  if (!config.error_feedback) return 0;
+  return static_cast<uint64_t>(shard_numel) * world * dtype_size(config.residual_dtype);
+}
+
+struct CompressedReduceScatter::Bucket {
+  uint64_t id = 0;
+  int64_t shard = 0;
+  DType dtype = DType::kFloat32;
+  bool layout_checked = false;
+  int current = 0;  // which residual buffer holds the committed residual
+  Buffer residual[2];
+  Buffer send, recv, workspace, nan;
+  uint64_t slot_bytes = 0;
+};
+
+CompressedReduceScatter::CompressedReduceScatter(Communicator& comm, Backend& backend,
+                                                 const CompressionConfig& config)
+    : comm_(comm), backend_(backend), config_(config) {
+  config_.validate();
+  GRADCOMP_CHECK(comm.device_memory() == backend.is_cuda(),
+                 "communicator and backend disagree on host versus device memory");
+  GRADCOMP_CHECK(config_.codec == Codec::kQ4 ||
+                     (!config_.remedies.any() && config_.remedies.warmup_steps == 0),
+                 "the compressed reduce-scatter takes top-k without remedies (warm-up, momentum "
+                 "correction, clipping): they are defined on a whole bucket's allreduce");
+  pending_.seed = config_.seed;
+}
+
+CompressedReduceScatter::~CompressedReduceScatter() = default;
+
+CompressedReduceScatter::Bucket& CompressedReduceScatter::bucket_for(
+    const ReduceScatterRequest& r) {
+  const int world = comm_.world_size();
+  auto it = buckets_.find(r.bucket_id);
+  if (it != buckets_.end()) {
+    Bucket& b = *it->second;
+    GRADCOMP_CHECK(b.shard == r.shard_numel && b.dtype == r.dtype,
+                   "reduce-scatter bucket "
+                       << r.bucket_id << " on rank " << comm_.rank() << " changed from shards of "
+                       << b.shard << " " << dtype_name(b.dtype) << " elements to " << r.shard_numel
+                       << " " << dtype_name(r.dtype)
+                       << "; use a new bucket identity for a new layout");
+    return b;
+  }
+  GRADCOMP_CHECK(r.shard_numel > 0, "reduce-scatter bucket " << r.bucket_id << " on rank "
+                                                             << comm_.rank() << " has shards of "
+                                                             << r.shard_numel << " elements");
+  if (config_.codec == Codec::kTopK) {
+    GRADCOMP_CHECK(r.shard_numel <= kTopKMaxNumel,
+                   "reduce-scatter bucket " << r.bucket_id << " on rank " << comm_.rank()
+                                            << " has shards of " << r.shard_numel
+                                            << " elements; top-k allows at most 2^31 - 1");
+  }
+  auto b = std::make_unique<Bucket>();
+  b->id = r.bucket_id;
+  b->shard = r.shard_numel;
+  b->dtype = r.dtype;
+  b->slot_bytes = slot_bytes_of(config_, r.shard_numel);
+  b->send = Buffer(backend_, b->slot_bytes * world);
+  b->recv = Buffer(backend_, b->slot_bytes * world);
+  const std::vector<uint8_t> nan = nan_bytes(r.dtype);
+  b->nan = Buffer(backend_, nan.size());
+  backend_.copy_from_host(b->nan.get(), nan.data(), nan.size());
+  if (config_.codec == Codec::kTopK) {
+    const size_t ws = backend_.topk_workspace_bytes(r.shard_numel);
+    if (ws > 0) b->workspace = Buffer(backend_, ws);
+  }
+  const uint64_t rbytes = reduce_scatter_residual_bytes(config_, r.shard_numel, world);
+  if (rbytes > 0) {
+    for (auto& res : b->residual) res = Buffer(backend_, rbytes);
+  }
+  auto restored = pending_.residuals.find(r.bucket_id);
+  if (restored != pending_.residuals.end()) {
+    GRADCOMP_CHECK(restored->second.size() == rbytes,
+                   "checkpoint residual for reduce-scatter bucket "
+                       << r.bucket_id << " on rank " << comm_.rank() << " has "
+                       << restored->second.size() << " bytes, the bucket needs " << rbytes << " ("
+                       << world << " rows of " << r.shard_numel
+                       << " elements); was it saved at another world size?");
+    backend_.copy_from_host(b->residual[0].get(), restored->second.data(), rbytes);
+    pending_.residuals.erase(restored);
+  }
+  Bucket& ref = *b;
+  buckets_[r.bucket_id] = std::move(b);
+  return ref;
+}
+
+void CompressedReduceScatter::check_layout(const Bucket& b) {
+  detail::LayoutFingerprint mine;
+  std::memset(&mine, 0, sizeof mine);
+  mine.bucket_id = b.id;
+  mine.numel = b.shard * comm_.world_size();
+  mine.world = static_cast<uint32_t>(comm_.world_size());
+  mine.local_world = 1;
+  mine.collective = 1;
+  mine.codec = static_cast<uint8_t>(config_.codec);
+  mine.dtype = static_cast<uint8_t>(b.dtype);
+  mine.residual_dtype = static_cast<uint8_t>(config_.residual_dtype);
+  mine.param = config_.codec == Codec::kQ4
+                   ? static_cast<uint32_t>(config_.q4.block_size)
+                   : static_cast<uint32_t>(topk_capacity(b.shard, config_.topk));
+  mine.error_feedback = config_.error_feedback ? 1 : 0;
+  detail::LayoutReport report{};
+  report.mine = mine;
+  detail::exchange_layout_report(
+      comm_, backend_, report, [](int w) { return w; },
+      [](const std::function<void()>& collective) { collective(); });
+  detail::raise_layout_mismatch(report);
+}
+
+bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
+  GRADCOMP_CHECK(r.input != nullptr && r.output != nullptr,
+                 "reduce-scatter bucket " << r.bucket_id << " on rank " << comm_.rank()
+                                          << ": null input or output");
+  GRADCOMP_CHECK(r.divisor > 0.0f && std::isfinite(r.divisor),
+                 "reduce-scatter bucket " << r.bucket_id << " on rank " << comm_.rank()
+                                          << ": divisor must be positive and finite, got "
+                                          << r.divisor);
+  Bucket& b = bucket_for(r);
+  if (!b.layout_checked) {
+    check_layout(b);
+    b.layout_checked = true;
+  }
+  if (round_.count(r.bucket_id) != 0) {
+    ++step_;
+    round_.clear();
+  }
+  const int world = comm_.world_size();
+  const size_t esize = dtype_size(r.dtype);
+  const size_t rsize = dtype_size(config_.residual_dtype);
+  const auto* input = static_cast<const uint8_t*>(r.input);
+  const uint8_t code = static_cast<uint8_t>(r.dtype);
+
+  // A non-finite input is sent as a NaN at the head of every row, so that every rank learns of it.
+  backend_.take_decode_status();
+  const Segment whole{const_cast<uint8_t*>(input), 0, b.shard * world};
+  NonfiniteScanParams scan;
+  scan.segments = &whole;
+  scan.num_segments = 1;
+  scan.dtype = code;
+  scan.numel = whole.numel;
+  backend_.scan_nonfinite(scan);
+  const bool poisoned = backend_.take_decode_status();
+
+  for (int row = 0; row < world; ++row) {
+    uint8_t* at = const_cast<uint8_t*>(input) + static_cast<size_t>(b.shard) * row * esize;
+    Segment segments[2] = {{at, 0, b.shard}, {}};
+    int num_segments = 1;
+    if (poisoned) {
+      segments[0] = Segment{b.nan.get(), 0, 1};
+      if (b.shard > 1) segments[num_segments++] = Segment{at + esize, 1, b.shard - 1};
+    }
+    uint8_t* payload = b.send.get() + b.slot_bytes * row;
+    const size_t roff = static_cast<size_t>(b.shard) * row * rsize;
+    const bool ef = config_.error_feedback;
+    if (config_.codec == Codec::kQ4) {
+      math::RngKey key{config_.seed, step_, static_cast<uint32_t>(b.id),
+                       static_cast<uint32_t>(comm_.rank()), kFirstRowPhase + row};
+      Q4EncodeParams e = detail::q4_encode_params(segments, num_segments, code, 0, b.shard,
+                                                  config_.q4, key, payload);
+      if (ef) {
+        e.residual_in = b.residual[b.current].get() + roff;
+        e.residual_out = b.residual[b.current ^ 1].get() + roff;
+        e.residual_dtype = static_cast<uint8_t>(config_.residual_dtype);
+      }
+      backend_.q4_encode(e);
+    } else {
+      TopKEncodeParams e;
+      e.segments = segments;
+      e.num_segments = num_segments;
+      e.dtype = code;
+      e.numel = b.shard;
+      if (ef) {
+        e.residual_in = b.residual[b.current].get() + roff;
+        e.residual_out = b.residual[b.current ^ 1].get() + roff;
+        e.residual_dtype = static_cast<uint8_t>(config_.residual_dtype);
+      }
+      e.k = topk_k(b.shard, config_.topk.ratio);
+      e.capacity = static_cast<uint32_t>(topk_capacity(b.shard, config_.topk));
+      e.exact = config_.topk.exact;
+      e.value_dtype = static_cast<uint8_t>(config_.topk.value_dtype);
+      e.payload = payload;
+      e.workspace = b.workspace.get();
+      backend_.topk_encode(e);
+    }
+  }
+  comm_.all_to_all(b.send.get(), b.recv.get(), b.slot_bytes);
+
+  std::vector<const uint8_t*> from(world);
+  for (int w = 0; w < world; ++w) from[w] = b.recv.get() + b.slot_bytes * w;
+  Segment out{r.output, 0, b.shard};
+  if (config_.codec == Codec::kQ4) {
+    // Every payload is checked before any is decoded: a bad one leaves the output as it was.
+    std::vector<int64_t> sizes(world, b.shard);
+    PayloadCheckParams check;
+    check.payloads = from.data();
+    check.num_payloads = world;
+    check.payload_bytes = b.slot_bytes;
+    check.numel = sizes.data();
+    check.codec = format::kCodecQ4;
+    check.param = static_cast<uint32_t>(config_.q4.block_size);
+    backend_.check_payloads(check);
+    backend_.q4_decode(detail::q4_decode_params(from.data(), world, b.slot_bytes, b.shard,
+                                                config_.q4, &out, 1, code, 0, r.divisor));
+  } else {
+    TopKDecodeParams d;
+    d.payloads = from.data();
+    d.num_payloads = world;
+    d.payload_bytes = b.slot_bytes;
+    d.numel = b.shard;
+    d.capacity = static_cast<uint32_t>(topk_capacity(b.shard, config_.topk));
+    d.value_dtype = static_cast<uint8_t>(config_.topk.value_dtype);
+    d.segments = &out;
+    d.num_segments = 1;
+    d.dtype = code;
+    d.divisor = r.divisor;
+    d.workspace = b.workspace.get();
+    backend_.topk_decode(d);
+  }
+  ResidualPair pair;
+  int pairs = 0;
+  if (config_.error_feedback) {
+    pair.candidate = b.residual[b.current ^ 1].get();
+    pair.committed = b.residual[b.current].get();
+    pair.bytes = b.residual[0].bytes();
+    pairs = 1;
+  }
+  backend_.end_bucket(&pair, pairs);
+  if (config_.error_feedback) b.current ^= 1;
+  round_.insert(r.bucket_id);
+  return backend_.take_nonfinite_buckets() == 0;
+}
+
+uint32_t CompressedReduceScatter::next_step() const {
+  return round_.empty() ? step_ : step_ + 1;
+}
+
+CompressionState CompressedReduceScatter::state() const {
+  CompressionState s = pending_;
+  s.seed = config_.seed;
+  s.step = next_step();
+  for (const auto& kv : buckets_) {
+    const Bucket& b = *kv.second;
+    if (b.residual[0].get() == nullptr) continue;
+    std::vector<uint8_t> bytes(b.residual[0].bytes());
+    backend_.copy_to_host(bytes.data(), b.residual[b.current].get(), bytes.size());
+    s.residuals[kv.first] = std::move(bytes);
+  }
+  return s;
+}
+
+void CompressedReduceScatter::load_state(const CompressionState& s) {
+  GRADCOMP_CHECK(s.seed == config_.seed, "checkpoint seed "
+                                             << s.seed << " differs from the configured seed "
+                                             << config_.seed << " on rank " << comm_.rank());
+  GRADCOMP_CHECK(s.chunk_residuals.empty() && s.velocities.empty(),
+                 "checkpoint on rank " << comm_.rank()
+                                       << " holds allreduce state (own-chunk residuals or "
+                                          "velocities), not a reduce-scatter's");
+  step_ = s.step;
+  round_.clear();
+  buckets_.clear();
+  pending_ = s;
+}
+
+int64_t CompressedReduceScatter::bucket_numel(uint64_t bucket_id) const {
+  auto it = buckets_.find(bucket_id);
+  return it == buckets_.end() ? -1 : it->second->shard * comm_.world_size();
+}
+
+}  // namespace gradcomp

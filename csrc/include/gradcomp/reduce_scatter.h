@@ -1,0 +1,87 @@
+// The compressed reduce-scatter: every rank sends row r of its input, compressed, to rank r, which
+// decodes and reduces the rows it receives in fp32 (FSDP's gradient reduce-scatter).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "gradcomp/backend.h"
+#include "gradcomp/collectives.h"
+#include "gradcomp/communicator.h"
+#include "gradcomp/types.h"
+
+namespace gradcomp {
+
+// One reduce-scatter. The input holds world_size rows of shard_numel elements; rank r's output
+// receives the sum over the ranks of their row r, decoded in fp32 and divided by `divisor`
+// (the world size for a mean, 1 for a sum, 1 / factor for c10d's PREMUL_SUM), in dtype.
+struct ReduceScatterRequest {
+  const void* input = nullptr;  // world_size * shard_numel elements of dtype
+  void* output = nullptr;       // shard_numel elements of dtype
+  int64_t shard_numel = 0;
+  DType dtype = DType::kFloat32;
+  uint64_t bucket_id = 0;  // the stable identity its residual is kept under
+  float divisor = 1.0f;
+};
+
+// Bytes one rank sends in one compressed reduce-scatter: a payload of each row to each other rank
+// (the all-to-all of two-phase q4's first phase, or of top-k payloads).
+uint64_t compressed_reduce_scatter_bytes_sent(const CompressionConfig& config, int64_t shard_numel,
+                                              int world);
+// Bytes of a reduce-scatter bucket's residual (all world rows; 0 without error feedback).
+uint64_t reduce_scatter_residual_bytes(const CompressionConfig& config, int64_t shard_numel,
+                                       int world);
+
+// Reduce-scatters buckets through q4 or top-k payloads, with an error-feedback residual per bucket
+// (each row is compressed on its own: q4 blocks start at the row's first element, random bits are
+// keyed by the row; top-k keeps the k = ratio * shard_numel largest of each row). The codecs and
+// their error feedback are the allreduce's (CompressionConfig); the allreduce's piece and
+// algorithm settings do not apply, and top-k's remedies (warm-up, momentum, clipping) are refused.
+//
+// Steps: the random bits of a bucket's call are keyed by a step counter that advances when a
+// bucket already reduced in the current step is reduced again, so a training step that reduces
+// each bucket once (FSDP: each module's gradients) is one step.
+//
+// Non-finite values: when a rank's input holds a NaN or an infinity, the first element of every
+// row it sends is sent as NaN, so every rank's output holds a non-finite block and every rank
+// keeps its residual as it was (the step is skipped alike everywhere, as an allreduce's is).
+class CompressedReduceScatter {
+ public:
+  CompressedReduceScatter(Communicator& comm, Backend& backend, const CompressionConfig& config);
+  ~CompressedReduceScatter();
+  CompressedReduceScatter(const CompressedReduceScatter&) = delete;
+  CompressedReduceScatter& operator=(const CompressedReduceScatter&) = delete;
+
+  // Returns false when the output holds non-finite values (the residual is then left as it was).
+  // A payload that fails its checks raises an Error naming the sending rank, with the output and
+  // the residual untouched. On a CUDA backend it waits for the device twice (the input's
+  // non-finite check and the result's).
+  bool reduce_scatter(const ReduceScatterRequest& request);
+
+  // The step the next new round of buckets uses, as a checkpoint records it.
+  uint32_t next_step() const;
+  const CompressionConfig& config() const { return config_; }
+  int world_size() const { return comm_.world_size(); }
+  CompressionState state() const;
+  // Residuals of buckets not yet seen are restored at their first call (their sizes checked then).
+  void load_state(const CompressionState& state);
+  // The element count (world * shard) of a bucket this reduce-scatter has reduced, or -1.
+  int64_t bucket_numel(uint64_t bucket_id) const;
+
+ private:
+  struct Bucket;
+  Bucket& bucket_for(const ReduceScatterRequest& request);
+  void check_layout(const Bucket& b);
+
+  Communicator& comm_;
+  Backend& backend_;
+  CompressionConfig config_;
+  uint32_t step_ = 0;
+  std::set<uint64_t> round_;  // buckets reduced in the current step
+  std::map<uint64_t, std::unique_ptr<Bucket>> buckets_;
+  CompressionState pending_;  // loaded residuals of buckets not yet seen
+};
+
+}  // namespace gradcomp

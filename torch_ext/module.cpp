@@ -1,4 +1,5 @@
-// gradcomp._C: Python bindings for the DDP hook and its install on DDP's reducer.
+// gradcomp._C: Python bindings for the DDP hook and its install on DDP's reducer, GradSync, and
+// the FSDP2 reduce-scatter.
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/extension.h>
@@ -7,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include "ddp_hook.h"
+#include "fsdp_reduce_scatter.h"
 #include "tensor_params.h"
 
 namespace py = pybind11;
@@ -287,6 +289,60 @@ PYBIND11_MODULE(_C, m) {
         d["step"] = stats_dict(st.step);
         d["total"] = stats_dict(st.total);
         return d;
+      });
+  // FSDP2's custom reduce-scatter (gradcomp/fsdp.py adapts FSDP's Comm interface to it).
+  py::class_<FsdpReduceScatter, std::shared_ptr<FsdpReduceScatter>>(m, "FsdpReduceScatter")
+      .def(py::init([](py::object group, const py::dict& options) {
+             auto pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+             const gradcomp::EngineOptions o =
+                 call_core([&] { return gradcomp::engine_options(parse_codec(options)); });
+             GRADCOMP_TORCH_CHECK(o.compress,
+                                  "the FSDP reduce-scatter needs a codec (Q4 or TopK); without "
+                                  "compression use FSDP's own reduce-scatter");
+             return std::make_shared<FsdpReduceScatter>(pg, o.config, parse_timeout(options));
+           }),
+           py::arg("process_group"), py::arg("options"))
+      .def(
+          "reduce_scatter",
+          [](FsdpReduceScatter& rs, const at::Tensor& output, const at::Tensor& input,
+             uint64_t bucket, double divisor) {
+            py::gil_scoped_release release;
+            return rs.reduce_scatter(output, input, bucket, divisor);
+          },
+          py::arg("output"), py::arg("input"), py::arg("bucket"), py::arg("divisor"))
+      .def("world_size", &FsdpReduceScatter::world_size)
+      .def("last_step_stats",
+           [](const FsdpReduceScatter& rs) { return stats_dict(rs.step_stats()); })
+      .def("total_stats", [](const FsdpReduceScatter& rs) { return stats_dict(rs.total_stats()); })
+      .def("state_dict",
+           [](const FsdpReduceScatter& rs) {
+             const gradcomp::CompressionState s = rs.state();
+             py::dict d;
+             d["format"] = 1;
+             d["kind"] = "fsdp_reduce_scatter";
+             d["seed"] = s.seed;
+             d["step"] = s.step;
+             d["world_size"] = rs.world_size();
+             d["residuals"] = residual_dict(s.residuals);
+             return d;
+           })
+      .def("load_state_dict", [](FsdpReduceScatter& rs, const py::dict& d) {
+        GRADCOMP_TORCH_CHECK(d.contains("kind") &&
+                                 d["kind"].cast<std::string>() == "fsdp_reduce_scatter" &&
+                                 d["format"].cast<int>() == 1,
+                             "not a gradcomp FSDP reduce-scatter state (format 1)");
+        const int saved = d["world_size"].cast<int>();
+        GRADCOMP_TORCH_CHECK(saved == rs.world_size(),
+                             "the FSDP reduce-scatter state was saved "
+                             "by a group of ",
+                             saved, " ranks and this group has ", rs.world_size(),
+                             ": each rank's residuals hold one row per rank "
+                             "and cannot be regrouped");
+        gradcomp::CompressionState s;
+        s.seed = d["seed"].cast<uint64_t>();
+        s.step = d["step"].cast<uint32_t>();
+        s.residuals = residual_map(d["residuals"].cast<py::dict>());
+        rs.load_state(s);
       });
   m.def("launch_env", [] {
     const gradcomp::LaunchEnv e = call_core([] { return gradcomp::launch_env(); });

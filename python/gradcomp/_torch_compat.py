@@ -58,3 +58,26 @@ def guard_against_compiled_autograd(param: torch.Tensor) -> None:
             raise RuntimeError(_COMPILED_AUTOGRAD.format(version=torch.__version__))
 
     param.register_post_accumulate_grad_hook(check)
+
+
+def fsdp_reduce_scatter_api():
+    """FSDP2's ``FSDPModule`` and its ``ReduceScatter`` comm interface, or RuntimeError naming the
+    installed torch: ``set_custom_reduce_scatter`` came after 2.7 (2.7.1 lacks it; 2.15 has it)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+    except ImportError:
+        FSDPModule = ReduceScatter = None
+    if FSDPModule is None or not hasattr(FSDPModule, "set_custom_reduce_scatter"):
+        raise RuntimeError(f"gradcomp.torch.fsdp needs FSDP2's FSDPModule.set_custom_reduce_scatter, which torch "
+                           f"{torch.__version__} lacks (2.7 has none; 2.15 has it): upgrade torch, or use "
+                           f"gradcomp.torch.register with DistributedDataParallel")
+    return FSDPModule, ReduceScatter
+
+
+def premul_factor(op) -> float:
+    """The factor of a ``ReduceOp.PREMUL_SUM(factor)`` as FSDP2 passes it."""
+    factor = getattr(op, "factor", None)
+    if factor is None:
+        raise RuntimeError(f"gradcomp: cannot read the factor of {op!r} on torch {torch.__version__}")
+    return float(factor)

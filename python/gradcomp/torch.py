@@ -1,6 +1,8 @@
-"""``gradcomp.torch``: the DDP hook under the name users import (implemented in ``gradcomp.ddp``)."""
+"""``gradcomp.torch``: the DDP hook and the FSDP2 reduce-scatter under the name users import (implemented in
+``gradcomp.ddp`` and ``gradcomp.fsdp``)."""
 from .ddp import Hook, HookState, check_optimizer, comm_hook, node_groups, register
+from .fsdp import FsdpHook, fsdp
 from .launch import init_process_group, launch_env
 
 __all__ = ["register", "Hook", "HookState", "comm_hook", "check_optimizer", "node_groups", "init_process_group",
-           "launch_env"]
+           "launch_env", "fsdp", "FsdpHook"]

@@ -210,3 +210,43 @@ class TopKDgc:
             if self.m > 0 and self.masking:
                 self.u[w][idx] = 0.0
         return sums / float(self.world)
+
+
+class Q4ReduceScatter:
+    """gradcomp's q4 reduce-scatter over every rank's rows (docs/algorithms.md): each rank encodes each
+    row on its own (blocks from the row's head, random bits of phase 2 + row), rank r decodes and sums
+    row r in rank order and divides; a non-finite input is sent with NaN at the head of every row, and
+    a rank keeps its residual when its result is not finite."""
+
+    def __init__(self, world: int, block: int = 64, seed: int = 0):
+        self.world, self.block, self.seed = world, block, seed
+        self.res = None
+        self.steps = 0
+
+    def step(self, inputs, step: int, bucket: int, divisor: float):
+        """inputs[w]: rank w's (world, shard) rows; returns every rank's (world, shard) result rows."""
+        world, shard = inputs[0].shape
+        if self.res is None:
+            self.res = [torch.zeros(world, shard) for _ in range(world)]
+        decoded = [[None] * world for _ in range(world)]
+        new_res = [r.clone() for r in self.res]
+        for w in range(world):
+            rows = inputs[w].float().clone()
+            if not torch.isfinite(rows).all():
+                rows[:, 0] = float("nan")
+            for r in range(world):
+                acc = rows[r] + self.res[w][r]
+                dec, res = q4_encode(acc, self.res[w][r], 0, self.block, True, self.seed, step, bucket, w, 2 + r)
+                decoded[w][r] = dec
+                new_res[w][r] = res
+        out = []
+        for r in range(world):
+            total = torch.zeros(shard)
+            for w in range(world):
+                total = total + decoded[w][r]
+            out.append((total / divisor).to(inputs[0].dtype))
+        finite = all(torch.isfinite(o).all() for o in out)
+        if finite:
+            self.res = new_res
+        self.steps += 1
+        return torch.stack(out)

@@ -32,3 +32,13 @@ def test_an_extension_built_for_another_torch_is_refused_before_it_loads(tmp_pat
     same = torch.__version__.split("+")[0]
     (tmp_path / f"_C{suffix}").write_bytes(b"gradcomp-built-for-torch=" + same.encode() + b";")
     _torch_compat.check_built_for_installed_torch(tmp_path)
+
+
+@pytest.mark.skipif(hasattr(getattr(__import__("torch.distributed.fsdp", fromlist=["x"]), "FSDPModule", None),
+                            "set_custom_reduce_scatter"),
+                    reason=f"torch {torch.__version__} has FSDPModule.set_custom_reduce_scatter (test_fsdp.py covers it)")
+def test_fsdp_on_a_torch_without_its_hook_point_is_refused_by_name():
+    import gradcomp.torch as gt
+
+    with pytest.raises(RuntimeError, match=re.escape(f"torch {torch.__version__} lacks")):
+        gt.fsdp(torch.nn.Linear(2, 2), gradcomp.Q4())

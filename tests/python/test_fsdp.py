@@ -1,0 +1,35 @@
+"""gradcomp.torch.fsdp: FSDP2's reduce-scatter compressed, on real Gloo process groups of CPU ranks,
+checked bit for bit against the pure-PyTorch reference of the same payloads."""
+import pytest
+import torch
+
+from launcher import launch
+
+fsdp_api = pytest.importorskip("torch.distributed.fsdp")
+pytestmark = pytest.mark.skipif(not hasattr(getattr(fsdp_api, "FSDPModule", None), "set_custom_reduce_scatter"),
+                                reason=f"torch {torch.__version__} has no FSDPModule.set_custom_reduce_scatter")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("variant", ["avg", "premul", "accumulate", "nan"])
+def test_fsdp_trains_like_the_reference_bit_for_bit(world, variant):
+    assert all(launch("workers_fsdp", "trains_like_the_reference", world, variant))
+
+
+@pytest.mark.parametrize("reduce_dtype", ["float32", "bfloat16"])
+def test_mixed_precision_reduces_in_the_policy_dtype(reduce_dtype):
+    assert all(launch("workers_fsdp", "mixed_precision_reaches_the_comm_in_the_reduce_dtype", 2, reduce_dtype))
+
+
+def test_checkpoint_resumes_bit_for_bit_and_another_world_size_is_refused(tmp_path):
+    path = str(tmp_path / "gradcomp_state")
+    assert all(launch("workers_fsdp", "resumes_bit_for_bit", 2, path))
+    assert all(launch("workers_fsdp", "refuses_another_world_size", 3, path))
+
+
+def test_refusals_name_what_is_wrong():
+    assert all(launch("workers_fsdp", "refuses_what_it_cannot_do", 2))
+
+
+def test_topk_per_row_trains():
+    assert all(launch("workers_fsdp", "topk_trains", 2))

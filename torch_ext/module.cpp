@@ -8,7 +8,7 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include "ddp_hook.h"
-#include "fsdp_reduce_scatter.h"
+#include "fsdp_collectives.h"
 #include "tensor_params.h"
 
 namespace py = pybind11;
@@ -290,16 +290,56 @@ PYBIND11_MODULE(_C, m) {
         d["total"] = stats_dict(st.total);
         return d;
       });
-  // FSDP2's custom reduce-scatter (gradcomp/fsdp.py adapts FSDP's Comm interface to it).
-  py::class_<FsdpReduceScatter, std::shared_ptr<FsdpReduceScatter>>(m, "FsdpReduceScatter")
-      .def(py::init([](py::object group, const py::dict& options) {
-             auto pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
-             const gradcomp::EngineOptions o =
-                 call_core([&] { return gradcomp::engine_options(parse_codec(options)); });
-             GRADCOMP_TORCH_CHECK(o.compress,
-                                  "the FSDP reduce-scatter needs a codec (Q4 or TopK); without "
-                                  "compression use FSDP's own reduce-scatter");
-             return std::make_shared<FsdpReduceScatter>(pg, o.config, parse_timeout(options));
+  // FSDP2's custom reduce-scatter and HSDP's all-reduce hook (gradcomp/fsdp.py adapts FSDP's
+  // interfaces to them).
+  py::class_<FsdpCollective, std::shared_ptr<FsdpCollective>>(m, "FsdpCollective")
+      .def("world_size", &FsdpCollective::world_size)
+      .def("last_step_stats", [](const FsdpCollective& c) { return stats_dict(c.step_stats()); })
+      .def("total_stats", [](const FsdpCollective& c) { return stats_dict(c.total_stats()); })
+      .def("state_dict",
+           [](const FsdpCollective& c) {
+             const gradcomp::CompressionState s = c.state();
+             py::dict d;
+             d["format"] = 1;
+             d["seed"] = s.seed;
+             d["step"] = s.step;
+             d["world_size"] = c.world_size();
+             d["residuals"] = residual_dict(s.residuals);
+             d["chunk_residuals"] = residual_dict(s.chunk_residuals);
+             return d;
+           })
+      .def("load_state_dict", [](FsdpCollective& c, const py::dict& d) {
+        GRADCOMP_TORCH_CHECK(d.contains("format") && d["format"].cast<int>() == 1,
+                             "not a gradcomp FSDP collective state (format 1)");
+        gradcomp::CompressionState s;
+        s.residuals = residual_map(d["residuals"].cast<py::dict>());
+        s.chunk_residuals = residual_map(d["chunk_residuals"].cast<py::dict>());
+        const int saved = d["world_size"].cast<int>();
+        // A state without residuals (saved before any step, or reset) fits any group.
+        GRADCOMP_TORCH_CHECK(
+            (s.residuals.empty() && s.chunk_residuals.empty()) || saved == c.world_size(),
+            "the state was saved by a group of ", saved, " ranks and this group has ",
+            c.world_size(),
+            ": each rank's residuals are laid out for the group's size and cannot be regrouped "
+            "(load_state_dict(state, reset_residuals=True) drops them)");
+        s.seed = d["seed"].cast<uint64_t>();
+        s.step = d["step"].cast<uint32_t>();
+        c.load_state(s);
+      });
+  auto fsdp_config = [](const py::dict& options) {
+    const gradcomp::EngineOptions o =
+        call_core([&] { return gradcomp::engine_options(parse_codec(options)); });
+    GRADCOMP_TORCH_CHECK(o.compress,
+                         "FSDP's compressed collectives need a codec (Q4 or TopK); without "
+                         "compression use FSDP's own");
+    return o.config;
+  };
+  py::class_<FsdpReduceScatter, FsdpCollective, std::shared_ptr<FsdpReduceScatter>>(
+      m, "FsdpReduceScatter")
+      .def(py::init([fsdp_config](py::object group, const py::dict& options) {
+             return std::make_shared<FsdpReduceScatter>(
+                 group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>(), fsdp_config(options),
+                 parse_timeout(options));
            }),
            py::arg("process_group"), py::arg("options"))
       .def(
@@ -309,41 +349,22 @@ PYBIND11_MODULE(_C, m) {
             py::gil_scoped_release release;
             return rs.reduce_scatter(output, input, bucket, divisor);
           },
-          py::arg("output"), py::arg("input"), py::arg("bucket"), py::arg("divisor"))
-      .def("world_size", &FsdpReduceScatter::world_size)
-      .def("last_step_stats",
-           [](const FsdpReduceScatter& rs) { return stats_dict(rs.step_stats()); })
-      .def("total_stats", [](const FsdpReduceScatter& rs) { return stats_dict(rs.total_stats()); })
-      .def("state_dict",
-           [](const FsdpReduceScatter& rs) {
-             const gradcomp::CompressionState s = rs.state();
-             py::dict d;
-             d["format"] = 1;
-             d["kind"] = "fsdp_reduce_scatter";
-             d["seed"] = s.seed;
-             d["step"] = s.step;
-             d["world_size"] = rs.world_size();
-             d["residuals"] = residual_dict(s.residuals);
-             return d;
-           })
-      .def("load_state_dict", [](FsdpReduceScatter& rs, const py::dict& d) {
-        GRADCOMP_TORCH_CHECK(d.contains("kind") &&
-                                 d["kind"].cast<std::string>() == "fsdp_reduce_scatter" &&
-                                 d["format"].cast<int>() == 1,
-                             "not a gradcomp FSDP reduce-scatter state (format 1)");
-        const int saved = d["world_size"].cast<int>();
-        GRADCOMP_TORCH_CHECK(saved == rs.world_size(),
-                             "the FSDP reduce-scatter state was saved "
-                             "by a group of ",
-                             saved, " ranks and this group has ", rs.world_size(),
-                             ": each rank's residuals hold one row per rank "
-                             "and cannot be regrouped");
-        gradcomp::CompressionState s;
-        s.seed = d["seed"].cast<uint64_t>();
-        s.step = d["step"].cast<uint32_t>();
-        s.residuals = residual_map(d["residuals"].cast<py::dict>());
-        rs.load_state(s);
-      });
+          py::arg("output"), py::arg("input"), py::arg("bucket"), py::arg("divisor"));
+  py::class_<FsdpReplicaAllreduce, FsdpCollective, std::shared_ptr<FsdpReplicaAllreduce>>(
+      m, "FsdpReplicaAllreduce")
+      .def(py::init([fsdp_config](py::object group, const py::dict& options) {
+             return std::make_shared<FsdpReplicaAllreduce>(
+                 group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>(), fsdp_config(options),
+                 parse_timeout(options));
+           }),
+           py::arg("process_group"), py::arg("options"))
+      .def(
+          "allreduce",
+          [](FsdpReplicaAllreduce& ar, const at::Tensor& tensor, uint64_t bucket) {
+            py::gil_scoped_release release;
+            return ar.allreduce(tensor, bucket);
+          },
+          py::arg("tensor"), py::arg("bucket"));
   m.def("launch_env", [] {
     const gradcomp::LaunchEnv e = call_core([] { return gradcomp::launch_env(); });
     py::dict d;

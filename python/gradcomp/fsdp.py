@@ -1,12 +1,18 @@
-"""FSDP2 integration: gradcomp's compressed reduce-scatter as ``fully_shard``'s gradient reduce-scatter.
+"""FSDP2 integration: gradcomp's compressed collectives as ``fully_shard``'s gradient communication.
 
 ``hook = gradcomp.torch.fsdp(model, gradcomp.Q4())`` installs, on every ``fully_shard`` module of the
 model, a custom reduce-scatter (``FSDPModule.set_custom_reduce_scatter``) that sends each row of FSDP's
 reduce-scatter input as a q4 (or top-k) payload and decodes one's own shard in fp32, with an
-error-feedback residual per module. The work is the core's ``CompressedReduceScatter``; this module
-only adapts FSDP's ``ReduceScatter`` interface to it.
+error-feedback residual per module. With ``replicate_group=`` (HSDP: shards inside a node, replicas
+across nodes) it installs instead an all-reduce hook (``set_all_reduce_hook``) that averages each shard
+across the replicas through the compressed allreduce, and leaves the reduce-scatter inside the node to
+FSDP. The work is the core's (``CompressedReduceScatter``, ``CompressedAllreduce``); this module only
+adapts FSDP's interfaces to it.
 """
 from __future__ import annotations
+
+import functools
+import io
 
 import torch
 import torch.distributed as dist
@@ -16,6 +22,18 @@ from ._torch_compat import fsdp_reduce_scatter_api, premul_factor
 from .codecs import NoCompression, Q4, TopK
 
 __all__ = ["fsdp", "FsdpHook"]
+
+_STAT_KEYS = ("buckets", "compressed_buckets", "bytes_sent", "inter_node_bytes", "uncompressed_bytes",
+              "codec_seconds", "comm_seconds", "nonfinite_buckets", "overlapped_buckets", "max_queued")
+
+
+def _sum_stats(parts) -> dict:
+    out = {k: 0 for k in _STAT_KEYS}
+    for p in parts:
+        for k in _STAT_KEYS:
+            out[k] = max(out[k], p[k]) if k == "max_queued" else out[k] + p[k]
+    out["ratio"] = out["uncompressed_bytes"] / out["bytes_sent"] if out["bytes_sent"] else 0.0
+    return out
 
 
 def _divisor(op, world: int) -> float:
@@ -34,10 +52,11 @@ def _divisor(op, world: int) -> float:
 
 
 class FsdpHook:
-    """The compressed reduce-scatter of a model's ``fully_shard`` modules: stats and checkpoint state.
+    """gradcomp's collectives on a model's ``fully_shard`` modules: stats and checkpoint state.
 
-    Module ``i`` (in ``model.modules()`` order) keeps its residual under bucket ``i``. ``state_dict()`` is
-    this rank's (each rank saves its own, like the optimizer's sharded state).
+    Module ``i`` (in ``model.modules()`` order) keeps its residuals under bucket ``i``. Each rank has its
+    own residuals: ``state_dict()`` holds this rank's under the key ``"rank<r>"`` (so that
+    ``torch.distributed.checkpoint`` keeps every rank's), ``local_state_dict()`` the same as plain dicts.
     """
 
     def __init__(self, codec, timeout=None):
@@ -49,54 +68,99 @@ class FsdpHook:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.codec = codec
         self._options = {**codec._options(), "timeout": timeout}
-        self._collective = None
-        self._group = None
-        self._pending = None
+        self._collectives = {}  # "reduce_scatter" / "replicate": the native collective
+        self._groups = {}
+        self._pending = {}
+        self._sizes = {}  # the group size of each collective installed, known at install time
         self.modules = []
 
-    def _for_group(self, group):
-        if self._collective is None:
-            self._collective = _C.FsdpReduceScatter(group, self._options)
-            self._group = group
-            if self._pending is not None:
-                self._collective.load_state_dict(self._pending)
-                self._pending = None
-        elif group is not self._group:
+    def _collective(self, kind: str, group):
+        collective = self._collectives.get(kind)
+        if collective is None:
+            make = _C.FsdpReduceScatter if kind == "reduce_scatter" else _C.FsdpReplicaAllreduce
+            collective = self._collectives[kind] = make(group, self._options)
+            self._groups[kind] = group
+            if kind in self._pending:
+                collective.load_state_dict(self._pending.pop(kind))
+        elif group is not self._groups[kind]:
             raise RuntimeError("gradcomp.torch.fsdp: the model's fully_shard modules reduce over different process "
                                "groups; call gradcomp.torch.fsdp once per group of modules")
-        return self._collective
+        return collective
 
     def _reduce_scatter(self, output, input, group, op, bucket: int) -> None:
-        collective = self._for_group(group)
-        collective.reduce_scatter(output, input, bucket, _divisor(op, group.size()))
+        self._collective("reduce_scatter", group).reduce_scatter(output, input, bucket, _divisor(op, group.size()))
+
+    def _replica_allreduce(self, group, bucket: int, tensor) -> None:
+        self._collective("replicate", group).allreduce(tensor, bucket)
 
     def stats(self) -> dict:
-        """Counters since the first reduce-scatter: buckets (one per module per step), bytes sent, the
-        bytes an uncompressed reduce-scatter of the same dtype would send, codec and communication seconds,
-        non-finite buckets."""
-        return self._collective.total_stats() if self._collective is not None else {}
+        """``{"step": ..., "total": ...}``: buckets (one per module and collective per step), bytes sent (a
+        module's first step also carries its layout agreement), the bytes the uncompressed collective of
+        the same dtype would send, their ratio, codec and communication seconds, non-finite buckets; and
+        the same per collective under ``"reduce_scatter"`` / ``"replicate"``. Zero until a collective ran
+        (FSDP calls none at one rank)."""
+        per = {k: {"step": c.last_step_stats(), "total": c.total_stats()} for k, c in self._collectives.items()}
+        return {"step": _sum_stats([p["step"] for p in per.values()]),
+                "total": _sum_stats([p["total"] for p in per.values()]), **per}
 
-    def last_step_stats(self) -> dict:
-        """The same counters for the step in progress, or the last one."""
-        return self._collective.last_step_stats() if self._collective is not None else {}
+    def local_state_dict(self) -> dict:
+        """This rank's state as plain dicts: per collective, its residuals (uint8 tensors by bucket),
+        step, seed and group size."""
+        out = {"format": 1, "kind": "gradcomp_fsdp"}
+        for kind in ("reduce_scatter", "replicate"):
+            if kind in self._collectives:
+                out[kind] = self._collectives[kind].state_dict()
+            elif kind in self._pending:
+                out[kind] = self._pending[kind]
+        return out
+
+    def load_local_state_dict(self, state: dict, reset_residuals: bool = False) -> None:
+        """Restores ``local_state_dict()``; before the first backward of the resumed run. A state saved by
+        another world size is refused (residuals are laid out per rank) unless ``reset_residuals``, which
+        keeps the step and drops the residuals."""
+        if not isinstance(state, dict) or state.get("kind") != "gradcomp_fsdp" or state.get("format") != 1:
+            raise ValueError("not a gradcomp.torch.fsdp state (local_state_dict format 1)")
+        for kind in ("reduce_scatter", "replicate"):
+            if kind not in state:
+                continue
+            part = state[kind]
+            if reset_residuals:
+                part = {**part, "residuals": {}, "chunk_residuals": {}}
+            size = self._sizes.get(kind)
+            if (part["residuals"] or part["chunk_residuals"]) and size is not None and part["world_size"] != size:
+                raise ValueError(f"gradcomp.torch.fsdp: the {kind} state was saved by a group of "
+                                 f"{part['world_size']} ranks and this group has {size}: each rank's residuals are "
+                                 f"laid out for the group's size and cannot be regrouped (reset_residuals=True keeps "
+                                 f"the step and drops them)")
+            if kind in self._collectives:
+                self._collectives[kind].load_state_dict(part)
+            else:
+                self._pending[kind] = part
 
     def state_dict(self) -> dict:
-        """This rank's residuals (one per module), step and seed; restore with ``load_state_dict``
-        before the first backward of the resumed run."""
-        if self._collective is not None:
-            return self._collective.state_dict()
-        if self._pending is not None:
-            return self._pending
-        raise RuntimeError("gradcomp.torch.fsdp: state_dict before the first reduce-scatter holds nothing; save it "
-                           "after a step")
+        """``{"rank<r>": bytes}``: this rank's ``local_state_dict()`` serialized, under a key of its own, so
+        that ``torch.distributed.checkpoint`` (which keeps one copy of keys every rank has) saves every
+        rank's residuals; also fine for a per-rank ``torch.save``."""
+        buffer = io.BytesIO()
+        torch.save(self.local_state_dict(), buffer)
+        return {f"rank{_rank()}": buffer.getvalue()}
 
-    def load_state_dict(self, state: dict) -> None:
-        if not isinstance(state, dict) or state.get("kind") != "fsdp_reduce_scatter":
-            raise ValueError("not a gradcomp.torch.fsdp state_dict")
-        if self._collective is not None:
-            self._collective.load_state_dict(state)
-        else:
-            self._pending = state
+    def load_state_dict(self, state: dict, reset_residuals: bool = False) -> None:
+        key = f"rank{_rank()}"
+        if not isinstance(state, dict) or key not in state:
+            have = sorted(k for k in state if isinstance(k, str) and k.startswith("rank")) if isinstance(state, dict) \
+                else []
+            raise ValueError(f"gradcomp.torch.fsdp state has no entry for this rank ({key}); it holds {have}: "
+                             f"saved by another world size? (load_local_state_dict(..., reset_residuals=True) "
+                             f"of any rank's entry keeps the step and drops the residuals)")
+        value = state[key]
+        local = torch.load(io.BytesIO(value), weights_only=False) if isinstance(value, (bytes, bytearray)) \
+            else value
+        self.load_local_state_dict(local, reset_residuals)
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _comm_class():
@@ -119,15 +183,55 @@ def _comm_class():
     return FSDPModule, GradcompReduceScatter
 
 
-def fsdp(model: torch.nn.Module, codec=None, *, timeout=None) -> FsdpHook:
-    """Installs gradcomp's compressed reduce-scatter on every ``fully_shard`` module of ``model`` (the
-    model itself included) and returns the hook holding its state. Call after ``fully_shard``."""
+def _check_shard_only(modules) -> None:
+    for m in modules:
+        for p in m.parameters():
+            mesh = getattr(p, "device_mesh", None)
+            if mesh is not None and mesh.ndim != 1:
+                raise ValueError("gradcomp.torch.fsdp(replicate_group=...) needs fully_shard over the shard "
+                                 "dimension only (mesh=mesh['shard']): with a 2-D mesh FSDP all-reduces across "
+                                 "replicas itself, uncompressed, before any hook runs")
+
+
+@torch.no_grad()
+def _broadcast_replicas(model, group) -> None:
+    """Makes every replica start from replica 0's parameters (FSDP over a shard group alone does not)."""
+    src = dist.get_global_rank(group, 0)
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        dist.broadcast(local, src=src, group=group)
+
+
+def fsdp(model: torch.nn.Module, codec=None, *, replicate_group=None, reduce_scatter=None,
+         timeout=None) -> FsdpHook:
+    """Installs gradcomp's compressed collectives on every ``fully_shard`` module of ``model`` (the model
+    itself included); returns the hook holding their state. Call after ``fully_shard``, before the first
+    backward.
+
+    Without ``replicate_group``: FSDP's reduce-scatter is compressed. With it (HSDP as ``fully_shard`` over
+    ``mesh["shard"]`` plus ``replicate_group=mesh["replicate"].get_group()``): each module's reduced shard is
+    averaged across replicas by the compressed allreduce (parameters are broadcast from the first replica
+    here), and the reduce-scatter inside the shard group stays FSDP's unless ``reduce_scatter=True``."""
     FSDPModule, comm_class = _comm_class()
     modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if not modules:
         raise ValueError("gradcomp.torch.fsdp: the model has no fully_shard module; call fully_shard first")
+    if reduce_scatter is None:
+        reduce_scatter = replicate_group is None
     hook = FsdpHook(codec, timeout)
+    if reduce_scatter:
+        meshes = {getattr(p, "device_mesh", None) for m in modules for p in m.parameters()} - {None}
+        if len(meshes) == 1:
+            hook._sizes["reduce_scatter"] = next(iter(meshes)).size()
+    if replicate_group is not None:
+        hook._sizes["replicate"] = replicate_group.size()
+        _check_shard_only(modules)
+        if replicate_group.size() > 1:
+            _broadcast_replicas(model, replicate_group)
     for bucket, module in enumerate(modules):
-        module.set_custom_reduce_scatter(comm_class(hook, bucket))
+        if reduce_scatter:
+            module.set_custom_reduce_scatter(comm_class(hook, bucket))
+        if replicate_group is not None:
+            module.set_all_reduce_hook(functools.partial(hook._replica_allreduce, replicate_group, bucket))
     hook.modules = modules
     return hook

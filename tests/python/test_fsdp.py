@@ -33,3 +33,11 @@ def test_refusals_name_what_is_wrong():
 
 def test_topk_per_row_trains():
     assert all(launch("workers_fsdp", "topk_trains", 2))
+
+
+def test_hsdp_compresses_the_allreduce_across_replicas_bit_for_bit():
+    assert all(launch("workers_fsdp", "hsdp_trains_like_the_reference", 4))
+
+
+def test_distributed_checkpoint_keeps_every_ranks_residuals(tmp_path):
+    assert all(launch("workers_fsdp", "resumes_through_distributed_checkpoint", 2, str(tmp_path / "dcp")))

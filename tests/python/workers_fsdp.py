@@ -128,6 +128,10 @@ class ReferenceTrainer:
         self.opt.step()
 
 
+def residuals(hook):
+    return hook.local_state_dict()["reduce_scatter"]["residuals"]
+
+
 def step_index(trainer, bucket):
     return trainer.refs[bucket].steps
 
@@ -158,7 +162,7 @@ def trains_like_the_reference(rank, world, variant):
     hook._reduce_scatter = counted
     for step in range(4):
         opt.zero_grad()
-        residuals_before = copy.deepcopy(hook.state_dict()["residuals"]) if step > 0 else None
+        residuals_before = copy.deepcopy(residuals(hook)) if step > 0 else None
         for m in range(micro):
             model.set_requires_gradient_sync(m == micro - 1)
             x, y = batch(rank * micro + m, step)
@@ -170,8 +174,8 @@ def trains_like_the_reference(rank, world, variant):
             for _, layer in buckets_of(model):
                 assert any(torch.isnan(p.grad.to_local()).any() for p in layer.parameters()), \
                     f"rank {rank}: no NaN reached this rank's shard"
-            assert hook.last_step_stats()["nonfinite_buckets"] >= 1, hook.last_step_stats()
-            after = hook.state_dict()["residuals"]
+            assert hook.stats()["step"]["nonfinite_buckets"] >= 1, hook.stats()["step"]
+            after = residuals(hook)
             for b, r in residuals_before.items():
                 assert torch.equal(after[b], r), f"bucket {b}: residual changed on a non-finite step"
             ref.step(rank, step, micro)  # keeps its residuals alike; the models are not compared now
@@ -185,18 +189,18 @@ def trains_like_the_reference(rank, world, variant):
     assert ops == {expected_op}, ops
     buckets = [b for b, _ in buckets_of(model)][::-1]  # backward reaches the last layer first
     assert calls == buckets * 4, f"reduce-scatter calls {calls}, expected {buckets} per step"
-    stats = hook.stats()
+    stats = hook.stats()["total"]
     assert stats["buckets"] == 4 * len(buckets) and stats["bytes_sent"] > 0, stats
     # A step sends (W - 1) q4 payloads of each row per module (the first step also each module's
     # layout agreement); an fp32 reduce-scatter would send 4 bytes per element of the same rows.
     last = shards[-len(buckets):]
     payload = [gradcomp.compress(torch.zeros(n), gradcomp.Q4()).numel() for n in last]
-    step_stats = hook.last_step_stats()
+    step_stats = hook.stats()["step"]
     assert step_stats["buckets"] == len(buckets), step_stats
     assert step_stats["bytes_sent"] == (world - 1) * sum(payload), step_stats
     assert step_stats["uncompressed_bytes"] == (world - 1) * 4 * sum(last), step_stats
     assert stats["bytes_sent"] > 4 * step_stats["bytes_sent"], stats
-    assert hook.state_dict()["step"] == 4
+    assert hook.local_state_dict()["reduce_scatter"]["step"] == 4
     return True
 
 
@@ -251,21 +255,29 @@ def resumes_bit_for_bit(rank, world, path):
     resumed, _ = run(range(2, 4), saved)
     a, b = full(straight), full(resumed)
     assert torch.equal(a.view(torch.int32), b.view(torch.int32)), f"resume differs by {(a - b).abs().max()}"
-    torch.save(saved["gradcomp"], f"{path}.{rank}")
+    torch.save(saved["gradcomp"], f"{path}.{rank}")  # {"rank<r>": bytes}
     return True
 
 
 def refuses_another_world_size(rank, world, path):
+    """A 2-rank checkpoint (both ranks' entries, as torch.distributed.checkpoint keeps them) loaded by 3
+    ranks: every rank refuses at load, before any collective, saying why; reset_residuals loads it."""
+    saved = {}
+    for r in range(2):
+        saved.update(torch.load(f"{path}.{r}"))
     model = shard(make_model())
     hook = gt.fsdp(model, gradcomp.Q4(seed=SEED, residual_dtype=torch.bfloat16))
-    hook.load_state_dict(torch.load(f"{path}.{rank % 2}"))
-    x, y = batch(rank, 0)
     try:
-        loss_of(model, x, y).backward()
-    except RuntimeError as e:
-        assert "saved by a group of 2 ranks and this group has 3" in str(e), str(e)
-        return True
-    raise AssertionError("a 2-rank state loaded into 3 ranks")
+        hook.load_state_dict(saved)
+        raise AssertionError("a 2-rank state loaded into 3 ranks")
+    except ValueError as e:
+        want = "no entry for this rank (rank2)" if rank == 2 else "saved by a group of 2 ranks and this group has 3"
+        assert want in str(e), str(e)
+    hook.load_state_dict({f"rank{rank}": saved[f"rank{rank % 2}"]}, reset_residuals=True)
+    x, y = batch(rank, 0)
+    loss_of(model, x, y).backward()
+    assert hook.local_state_dict()["reduce_scatter"]["step"] == 3  # the saved step (2), then this one
+    return True
 
 
 def refuses_what_it_cannot_do(rank, world):
@@ -306,6 +318,92 @@ def topk_trains(rank, world):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0], losses
-    stats = hook.stats()
+    stats = hook.stats()["total"]
     assert stats["uncompressed_bytes"] > 3 * stats["bytes_sent"] > 0, stats
+    return True
+
+
+def hsdp_trains_like_the_reference(rank, world):
+    """HSDP on 2 replicas x 2 shards: fully_shard over mesh["shard"] with FSDP's own reduce-scatter inside
+    the replica, gradcomp's q4 allreduce across replicas; three steps equal the unsharded reference (the
+    shard mean in fp32, then the two-phase q4 allreduce reference across replicas) bit for bit."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from reference import Q4TwoPhase
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    model = make_model()
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh["shard"])
+    fully_shard(model, mesh=mesh["shard"])
+    replicate = mesh["replicate"].get_group()
+    hook = gt.fsdp(model, gradcomp.Q4(seed=SEED), replicate_group=replicate)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    ref_model = make_model()
+    ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.1, momentum=0.9)
+    layers = [(i + 1, m) for i, m in enumerate(m for m in ref_model if isinstance(m, nn.Linear))]
+    refs = {}  # (bucket, shard) -> the allreduce reference across the two replicas
+    for step in range(3):
+        opt.zero_grad()
+        x, y = batch(rank, step)
+        loss_of(model, x, y).backward()
+        opt.step()
+
+        ref_opt.zero_grad()
+        loss_of(ref_model, x, y).backward()
+        for bucket, layer in layers:
+            params = list(layer.parameters())
+            every = [rows(g, 2) for g in all_grads([p.grad for p in params])]  # by global rank
+            reduced = []
+            for s in range(2):
+                means = [(every[2 * n][s] + every[2 * n + 1][s]) / 2 for n in range(2)]  # inside replica n
+                ref = refs.setdefault((bucket, s), Q4TwoPhase(2, means[0].numel(), seed=SEED))
+                reduced.append(ref.step(means, step, bucket))
+            for p, g in zip(params, unrows(reduced, [p.shape for p in params], 2)):
+                p.grad = g
+        ref_opt.step()
+        got, want = full(model), torch.cat([p.detach().reshape(-1) for p in ref_model.parameters()])
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), \
+            f"step {step}: differs from the reference by {(got - want).abs().max().item()}"
+    stats = hook.stats()
+    assert set(stats) == {"step", "total", "replicate"}, stats.keys()
+    assert stats["total"]["buckets"] == 3 * len(layers) and stats["total"]["bytes_sent"] > 0, stats
+    state = hook.local_state_dict()
+    assert "reduce_scatter" not in state and state["replicate"]["step"] == 3, state.keys()
+    return True
+
+
+def resumes_through_distributed_checkpoint(rank, world, path):
+    """torch.distributed.checkpoint saves the model, the optimizer and the hook (every rank's residuals,
+    each under its own key); a fresh job loads them and goes on bit for bit."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def job(steps, load=False, save=False):
+        model = shard(make_model())
+        hook = gt.fsdp(model, gradcomp.Q4(seed=SEED))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        if load:
+            msd, osd = get_state_dict(model, opt)
+            state = {"model": msd, "optim": osd, "gradcomp": hook}
+            dcp.load(state, checkpoint_id=path)
+            set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        for step in steps:
+            opt.zero_grad()
+            x, y = batch(rank, step)
+            loss_of(model, x, y).backward()
+            opt.step()
+        if save:
+            msd, osd = get_state_dict(model, opt)
+            dcp.save({"model": msd, "optim": osd, "gradcomp": hook}, checkpoint_id=path)
+        return model, hook
+
+    straight, _ = job(range(4))
+    _, saved_hook = job(range(2), save=True)
+    resumed, hook = job(range(2, 4), load=True)
+    a, b = full(straight), full(resumed)
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32)), f"resume differs by {(a - b).abs().max()}"
+    assert hook.local_state_dict()["reduce_scatter"]["step"] == 4
     return True

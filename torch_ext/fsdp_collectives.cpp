@@ -1,0 +1,211 @@
+// FSDP2's collectives: tensors checked, the core's reduce-scatter and allreduce bound and counted.
+#include "fsdp_collectives.h"
+
+#include <chrono>
+
+#include "profiled_backend.h"
+#include "profiler_ranges.h"
+#include "tensor_params.h"
+
+#if defined(GRADCOMP_HAVE_CUDA)
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace gradcomp {
+namespace torch_ext {
+
+FsdpCollective::FsdpCollective(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                               CompressionConfig config, std::chrono::milliseconds timeout)
+    : group_(std::move(group)), config_(std::move(config)), timeout_(timeout) {
+  GRADCOMP_TORCH_CHECK(group_, "FSDP collective without a process group");
+  call_core([&] { config_.validate(); });
+}
+
+void FsdpCollective::bind(const at::Tensor& t) {
+  const at::Device device = t.device();
+  const void* stream = nullptr;
+#if defined(GRADCOMP_HAVE_CUDA)
+  if (device.is_cuda()) stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+#endif
+  if (device_) {
+    GRADCOMP_TORCH_CHECK(*device_ == device, "FSDP gradients on ", device,
+                         " but this process group's gradcomp collective works on ", *device_,
+                         " (its first call's device)");
+    GRADCOMP_TORCH_CHECK(stream == stream_,
+                         "FSDP collective called on another CUDA stream than its first call's");
+    return;
+  }
+  comm_ = std::make_unique<ProcessGroupCommunicator>(group_, device, timeout_);
+  if (device.is_cpu()) backend_ = std::make_unique<ProfiledBackend>(make_cpu_backend(1));
+#if defined(GRADCOMP_HAVE_CUDA)
+  if (device.is_cuda()) {
+    cuda::CudaBackendOptions o;
+    o.device = device.index();
+    o.stream = static_cast<cudaStream_t>(const_cast<void*>(stream));
+    backend_ =
+        std::make_unique<ProfiledBackend>(call_core([&] { return cuda::make_cuda_backend(o); }));
+  }
+#endif
+  make_collective(*comm_, *backend_);
+  if (pending_) {
+    load_collective_state(*pending_);
+    pending_.reset();
+  }
+  device_ = device;
+  stream_ = stream;
+}
+
+bool FsdpCollective::counted(const at::Tensor& t, uint64_t uncompressed,
+                             const std::function<bool()>& run,
+                             const std::function<uint32_t()>& step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bind(t);
+  const uint64_t bytes_before = comm_->bytes_sent();
+  const double comm_before = comm_->seconds();
+  const auto start = std::chrono::steady_clock::now();
+  const bool finite = run();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const uint32_t this_step = step();
+  if (this_step != stats_step_) step_ = ReductionStats{};
+  stats_step_ = this_step;
+  ReductionStats d;
+  d.buckets = d.compressed_buckets = 1;
+  d.bytes_sent = comm_->bytes_sent() - bytes_before;
+  d.inter_node_bytes = d.bytes_sent;
+  d.uncompressed_bytes = world_size() > 1 ? uncompressed : 0;
+  d.comm_seconds = comm_->seconds() - comm_before;
+  d.codec_seconds = seconds - d.comm_seconds;
+  d.nonfinite_buckets = finite ? 0 : 1;
+  total_.add(d);
+  step_.add(d);
+  return finite;
+}
+
+ReductionStats FsdpCollective::total_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return total_;
+}
+
+ReductionStats FsdpCollective::step_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return step_;
+}
+
+CompressionState FsdpCollective::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (device_) return collective_state();
+  if (pending_) return *pending_;
+  CompressionState s;
+  s.seed = config_.seed;
+  return s;
+}
+
+void FsdpCollective::load_state(const CompressionState& state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  GRADCOMP_TORCH_CHECK(state.seed == config_.seed, "checkpoint seed ", state.seed,
+                       " differs from the configured seed ", config_.seed);
+  if (device_) {
+    load_collective_state(state);
+  } else {
+    pending_ = state;
+  }
+  step_ = ReductionStats{};
+}
+
+// ---- the reduce-scatter --------------------------------------------------------------------
+
+FsdpReduceScatter::FsdpReduceScatter(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                                     CompressionConfig config, std::chrono::milliseconds timeout)
+    : FsdpCollective(std::move(group), std::move(config), timeout) {}
+
+void FsdpReduceScatter::make_collective(Communicator& comm, Backend& backend) {
+  collective_ =
+      call_core([&] { return std::make_unique<CompressedReduceScatter>(comm, backend, config_); });
+}
+
+CompressionState FsdpReduceScatter::collective_state() const {
+  return call_core([&] { return collective_->state(); });
+}
+
+void FsdpReduceScatter::load_collective_state(const CompressionState& state) {
+  call_core([&] { collective_->load_state(state); });
+}
+
+bool FsdpReduceScatter::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                                       uint64_t bucket_id, double divisor) {
+  check_gradient_tensor(input, "FSDP reduce-scatter input");
+  check_gradient_tensor(output, "FSDP reduce-scatter output");
+  const int world = world_size();
+  GRADCOMP_TORCH_CHECK(input.scalar_type() == output.scalar_type(), "FSDP reduce-scatter input is ",
+                       input.scalar_type(), " but its output is ", output.scalar_type());
+  GRADCOMP_TORCH_CHECK(input.device() == output.device(), "FSDP reduce-scatter input on ",
+                       input.device(), " but its output on ", output.device());
+  GRADCOMP_TORCH_CHECK(input.numel() == output.numel() * world, "FSDP reduce-scatter input has ",
+                       input.numel(), " elements, not ", world, " (world size) x ", output.numel(),
+                       " (output)");
+  ReduceScatterRequest r;
+  r.input = input.data_ptr();
+  r.output = output.data_ptr();
+  r.shard_numel = output.numel();
+  r.dtype = to_dtype(input.scalar_type(), "FSDP reduce-scatter input");
+  r.bucket_id = bucket_id;
+  r.divisor = static_cast<float>(divisor);
+  return counted(
+      input, reduce_scatter_bytes(r.shard_numel, r.dtype, world),
+      [&] {
+        GRADCOMP_PHASE("gradcomp::fsdp_reduce_scatter");
+        return call_core([&] { return collective_->reduce_scatter(r); });
+      },
+      [&] { return collective_->next_step() - 1; });
+}
+
+// ---- the all-reduce across replicas --------------------------------------------------------
+
+FsdpReplicaAllreduce::FsdpReplicaAllreduce(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                                           CompressionConfig config,
+                                           std::chrono::milliseconds timeout)
+    : FsdpCollective(std::move(group), std::move(config), timeout) {}
+
+void FsdpReplicaAllreduce::make_collective(Communicator& comm, Backend& backend) {
+  collective_ =
+      call_core([&] { return std::make_unique<CompressedAllreduce>(comm, backend, config_); });
+}
+
+uint32_t FsdpReplicaAllreduce::next_step() const {
+  return round_.empty() ? collective_->step() : collective_->step() + 1;
+}
+
+CompressionState FsdpReplicaAllreduce::collective_state() const {
+  CompressionState s = call_core([&] { return collective_->state(); });
+  s.step = next_step();
+  return s;
+}
+
+void FsdpReplicaAllreduce::load_collective_state(const CompressionState& state) {
+  call_core([&] { collective_->load_state(state); });
+  round_.clear();
+}
+
+bool FsdpReplicaAllreduce::allreduce(const at::Tensor& tensor, uint64_t bucket_id) {
+  check_gradient_tensor(tensor, "HSDP all-reduce gradient");
+  const DType dtype = to_dtype(tensor.scalar_type(), "HSDP all-reduce gradient");
+  return counted(
+      tensor, ring_allreduce_bytes(tensor.numel(), dtype, world_size()),
+      [&] {
+        GRADCOMP_PHASE("gradcomp::hsdp_allreduce");
+        if (round_.count(bucket_id) != 0) {
+          collective_->advance_step();
+          round_.clear();
+        }
+        const Segment whole = whole_segment(tensor);
+        const bool finite =
+            call_core([&] { return collective_->allreduce(&whole, 1, dtype, bucket_id); });
+        round_.insert(bucket_id);
+        return finite;
+      },
+      [&] { return collective_->step(); });
+}
+
+}  // namespace torch_ext
+}  // namespace gradcomp

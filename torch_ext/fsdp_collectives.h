@@ -1,0 +1,100 @@
+// FSDP2's gradient collectives through the core over a c10d group: the compressed reduce-scatter
+// (FSDP's custom reduce-scatter) and the compressed all-reduce across replicas (HSDP's hook).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "gradcomp/gradcomp.h"
+#include "process_group_communicator.h"
+
+namespace gradcomp {
+namespace torch_ext {
+
+// What both collectives share: the transport and backend bound at the first call (the device,
+// and on CUDA the stream current then: FSDP's reduce-scatter or all-reduce stream, whose order
+// the work follows), and the counters. FSDP2 has no C++ API: the Python front end drives these.
+class FsdpCollective {
+ public:
+  virtual ~FsdpCollective() = default;
+  int world_size() const { return group_->getSize(); }
+  const CompressionConfig& config() const { return config_; }
+  // Since construction, and of the step in progress (or the last one).
+  ReductionStats total_stats() const;
+  ReductionStats step_stats() const;
+  CompressionState state() const;
+  // Before the first call: kept until it binds.
+  void load_state(const CompressionState& state);
+
+ protected:
+  FsdpCollective(c10::intrusive_ptr<c10d::ProcessGroup> group, CompressionConfig config,
+                 std::chrono::milliseconds timeout);
+  // Binds at the first call, then runs `run` (which returns whether the result is finite) and
+  // counts it as one bucket of `step` sending what an uncompressed collective would send in
+  // `uncompressed` bytes.
+  bool counted(const at::Tensor& t, uint64_t uncompressed, const std::function<bool()>& run,
+               const std::function<uint32_t()>& step);
+  virtual void make_collective(Communicator& comm, Backend& backend) = 0;
+  virtual CompressionState collective_state() const = 0;
+  virtual void load_collective_state(const CompressionState& state) = 0;
+  bool bound() const { return device_.has_value(); }
+
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  CompressionConfig config_;
+
+ private:
+  void bind(const at::Tensor& t);
+
+  std::chrono::milliseconds timeout_;
+  mutable std::mutex mu_;
+  std::optional<at::Device> device_;
+  const void* stream_ = nullptr;
+  std::unique_ptr<ProcessGroupCommunicator> comm_;
+  std::unique_ptr<Backend> backend_;
+  std::optional<CompressionState> pending_;
+  ReductionStats total_, step_;  // step_: the step of the last call
+  uint32_t stats_step_ = 0;
+};
+
+// FSDP's reduce-scatter: input of world_size rows of output.numel() elements.
+class FsdpReduceScatter final : public FsdpCollective {
+ public:
+  FsdpReduceScatter(c10::intrusive_ptr<c10d::ProcessGroup> group, CompressionConfig config,
+                    std::chrono::milliseconds timeout);
+  // Returns false when the output is non-finite.
+  bool reduce_scatter(const at::Tensor& output, const at::Tensor& input, uint64_t bucket_id,
+                      double divisor);
+
+ private:
+  void make_collective(Communicator& comm, Backend& backend) override;
+  CompressionState collective_state() const override;
+  void load_collective_state(const CompressionState& state) override;
+  std::unique_ptr<CompressedReduceScatter> collective_;
+};
+
+// The mean of a shard across replicas (HSDP's all-reduce hook), in place. Steps advance as the
+// reduce-scatter's do: when a bucket already reduced in the current step comes again.
+class FsdpReplicaAllreduce final : public FsdpCollective {
+ public:
+  FsdpReplicaAllreduce(c10::intrusive_ptr<c10d::ProcessGroup> group, CompressionConfig config,
+                       std::chrono::milliseconds timeout);
+  bool allreduce(const at::Tensor& tensor, uint64_t bucket_id);
+
+ private:
+  void make_collective(Communicator& comm, Backend& backend) override;
+  CompressionState collective_state() const override;
+  void load_collective_state(const CompressionState& state) override;
+  uint32_t next_step() const;
+  std::unique_ptr<CompressedAllreduce> collective_;
+  std::set<uint64_t> round_;
+};
+
+}  // namespace torch_ext
+}  // namespace gradcomp

@@ -39,6 +39,9 @@ METHODS = {
     "topk-q4warmup-100": ({"codec": "topk", "warmup": "q4", "warmup_steps": 100}, None),
     "topk-q4warmup": ({"codec": "topk", "warmup": "q4", "warmup_steps": 200}, None),
     "topk-q4warmup-long": ({"codec": "topk", "warmup": "q4", "warmup_steps": 300}, None),
+    # FSDP2 (fully_shard per layer) with its own fp32 reduce-scatter, or with gradcomp's q4 one.
+    "fsdp-dense": (None, None),
+    "fsdp-q4": ({"codec": "q4"}, None),
 }
 # The learning rates of plain SGD under momentum correction.
 DGC_LR = {"sgd-dgc": 0.1, "sgd-dgc-tuned": 0.3}
@@ -137,7 +140,15 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
         train_x, train_y = xs[perm[:1500]], ys[perm[:1500]]
         val_x, val_y = xs[perm[1500:]], ys[perm[1500:]]
         model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
-    ddp = nn.parallel.DistributedDataParallel(model)
+    fsdp = method.startswith("fsdp")
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in (model.blocks.layers if task == "lm" else [m for m in model if isinstance(m, nn.Linear)]):
+            fully_shard(layer)
+        ddp = fully_shard(model)
+    else:
+        ddp = nn.parallel.DistributedDataParallel(model)
     if opt_kind == "adamw":
         opt = torch.optim.AdamW(ddp.parameters(), lr=2e-3, weight_decay=0.01)
     elif opt_kind in DGC_LR:
@@ -145,7 +156,12 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
     else:
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     codec = make_codec(spec, ratio)
-    hook = gt.register(ddp, codec, optimizer=opt) if codec is not None else None
+    if codec is None:
+        hook = None
+    elif fsdp:
+        hook = gt.fsdp(model, codec)
+    else:
+        hook = gt.register(ddp, codec, optimizer=opt)
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
@@ -178,12 +194,13 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
             final = {"val_loss": F.cross_entropy(logits, val_y).item(),
                      "accuracy": (logits.argmax(1) == val_y).float().mean().item()}
     stats = hook.stats()["total"] if hook is not None else None
+    params = sum(p.numel() for p in model.parameters())
+    # Without a hook: what DDP's ring allreduce of the fp32 gradients sends per rank, or FSDP's
+    # reduce-scatter (half of it; both FSDP methods also all-gather the parameters alike).
+    dense_bytes = (1 if fsdp else 2) * (world - 1) / world * 4 * params
     result = {"task": task, "method": method, "seed": seed, "steps": steps, "losses": losses,
-              "seconds": seconds, **final,
-              "params": sum(p.numel() for p in model.parameters()),
-              "bytes_per_step": (stats["bytes_sent"] / steps if stats else
-                                 # what DDP's ring allreduce of the fp32 gradients sends per rank
-                                 2 * (world - 1) / world * 4 * sum(p.numel() for p in model.parameters()))}
+              "seconds": seconds, **final, "params": params,
+              "bytes_per_step": stats["bytes_sent"] / steps if stats else dense_bytes}
     dist.destroy_process_group()
     if rank == 0:
         with open(out, "w") as f:
@@ -220,7 +237,8 @@ def summarize(results):
         rows.setdefault((r["task"], r["method"]), []).append(r)
     table = []
     for (task, method), rs in rows.items():
-        dense = [x for x in results if x["task"] == task and x["method"] == "dense"]
+        baseline = "fsdp-dense" if method.startswith("fsdp") else "dense"
+        dense = [x for x in results if x["task"] == task and x["method"] == baseline]
         base = statistics.mean(x["val_loss"] for x in dense) if dense else float("nan")
         loss = statistics.mean(x["val_loss"] for x in rs)
         row = {"task": task, "method": method, "seeds": len(rs), "val_loss": loss,

@@ -1,4 +1,6 @@
-"""End-to-end DDP benchmark on a rate-limited link: gradcomp against PyTorch's own hooks.
+"""End-to-end benchmark on a rate-limited link: gradcomp against PyTorch's own hooks (DDP), and
+against FSDP2's own reduce-scatter in fp32 and bf16 (the fsdp-* methods; "vs fp32/bf16" there
+compare with those).
 
 All ranks run inside one private network namespace and talk over its loopback, which a token
 bucket (`tc ... tbf`) limits to W x the per-node rate, so that W ranks each sending at once get
@@ -26,7 +28,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 NETNS = "gradcomp-bench"
 PYTHON_METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4", "gradcomp-q4-1piece",
-                  "gradcomp-topk", "gradcomp-topk-sequential")
+                  "gradcomp-topk", "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4")
 CPP_METHODS = ("cpp-allreduce", "cpp-gradsync-q4")
 TRACED = ("gradcomp-q4", "gradcomp-q4-1piece", "gradcomp-topk", "gradcomp-topk-sequential")
 METHODS = PYTHON_METHODS + CPP_METHODS
@@ -198,8 +200,6 @@ def print_table(results):
     for (world, gbps) in sorted({(r["world"], r["gbps"]) for r in rows}):
         group = [r for r in rows if r["world"] == world and r["gbps"] == gbps]
         base = {r["method"]: r for r in group if r.get("ok")}
-        fp32 = base.get("ddp-fp32", {}).get("step_s")
-        bf16 = base.get("bf16-hook", {}).get("step_s")
         limit = results["limit"].get(str(world), {}).get("step_s")
         print(f"\nW={world}, {gbps:g} Gbit/s per node" + (f", limit (no communication) {limit * 1e3:.0f} ms/step" if limit else ""))
         print(f"{'method':24s} {'step ms':>9s} {'bytes/step/rank':>16s} {'vs fp32':>8s} {'vs bf16':>8s} {'vs limit':>9s} {'codec ms':>9s}")
@@ -208,11 +208,16 @@ def print_table(results):
                 print(f"{r['method']:24s} failed: {r.get('error', '?')}")
                 continue
             s = r["step_s"]
+            # FSDP rows against FSDP's own reduce-scatter in fp32 and bf16; DDP rows against DDP's.
+            fsdp = r["method"].startswith("fsdp")
+            fp32 = base.get("fsdp-fp32" if fsdp else "ddp-fp32", {}).get("step_s")
+            bf16 = base.get("fsdp-bf16" if fsdp else "bf16-hook", {}).get("step_s")
             vs = lambda b: f"{b / s:7.2f}x" if b else "      -"
             codec = f"{r['codec_s'] * 1e3:9.0f}" if r.get("codec_s") is not None else "        -"
             name = r["method"] + (" (1 bucket)" if r["method"] in ("powersgd-r4", "quant-pertensor") else "")
             print(f"{name:24s} {s * 1e3:9.0f} {fmt_bytes(r['bytes_per_step_per_rank']):>16s} {vs(fp32):>8s} "
                   f"{vs(bf16):>8s} {s / limit if limit else float('nan'):8.2f}x {codec}")
+        fp32 = base.get("ddp-fp32", {}).get("step_s")
         cpp_loop, cpp_q4, hook = (base.get(m, {}).get("step_s") for m in ("cpp-allreduce", "cpp-gradsync-q4",
                                                                           "gradcomp-q4"))
         if cpp_loop and cpp_q4:

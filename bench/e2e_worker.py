@@ -15,7 +15,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4", "gradcomp-topk",
            "gradcomp-q4-hier", "gradcomp-topk-hier", "gradcomp-q4-1piece", "gradcomp-q4-hier-1piece",
-           "gradcomp-topk-sequential")
+           "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4")
+# FSDP2 (fully_shard on every Linear and the root, default resharding): its own reduce-scatter in
+# fp32 or in bf16 (MixedPrecisionPolicy's reduce_dtype; parameters stay fp32), or gradcomp's q4 one.
+FSDP_METHODS = ("fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4")
 # PowerSGD and the quantization hook issue Gloo collectives from future callbacks on another
 # thread; with several buckets the ranks' collective order then diverges and Gloo aborts
 # ("Received data size doesn't match"). They run with one bucket so that they run at all.
@@ -29,6 +32,21 @@ DEVICE = torch.device("cpu")
 def make_ddp(model, method, bucket_cap_mb=25.0):
     cap = 100000 if method in SINGLE_BUCKET else bucket_cap_mb
     return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
+
+
+def prepare(model, method, gt, gradcomp, bucket_cap_mb=25.0, local_world_size=1):
+    """The model wrapped for `method` (DDP, or fully_shard for the fsdp-* ones) and its gradcomp hook."""
+    if method in FSDP_METHODS:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16) if method == "fsdp-bf16" else MixedPrecisionPolicy()
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        return model, (gt.fsdp(model, gradcomp.Q4()) if method == "fsdp-gradcomp-q4" else None)
+    ddp = make_ddp(model, method, bucket_cap_mb)
+    return ddp, install(method, ddp, gt, gradcomp, local_world_size)
 
 
 def tx_bytes(iface: str = "lo") -> int:
@@ -84,8 +102,8 @@ def throughput(args, rank, world):
                           nn.Linear(hidden, 1024))
     params = sum(p.numel() for p in model.parameters())
     model = model.to(DEVICE)
-    ddp = make_ddp(model, args.method, args.bucket_cap_mb) if world > 1 else model
-    hook = install(args.method, ddp, gt, gradcomp, args.local_world_size) if world > 1 else None
+    ddp, hook = prepare(model, args.method, gt, gradcomp, args.bucket_cap_mb, args.local_world_size) \
+        if world > 1 else (model, None)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
     x = torch.randn(args.batch, 1024, device=DEVICE)
 
@@ -139,8 +157,7 @@ def digits(args, rank, world):
     xtr, ytr = xtr[rank::world], ytr[rank::world]
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
-    ddp = make_ddp(model, args.method)
-    install(args.method, ddp, gt, gradcomp, args.local_world_size)
+    ddp, _ = prepare(model, args.method, gt, gradcomp, local_world_size=args.local_world_size)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator().manual_seed(1000 * rank)
     curve, start, steps_per_epoch = [], time.perf_counter(), len(ytr) // 32

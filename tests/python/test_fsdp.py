@@ -3,6 +3,8 @@ checked bit for bit against the pure-PyTorch reference of the same payloads."""
 import pytest
 import torch
 
+import gradcomp
+
 from launcher import launch
 
 fsdp_api = pytest.importorskip("torch.distributed.fsdp")
@@ -14,6 +16,14 @@ pytestmark = pytest.mark.skipif(not hasattr(getattr(fsdp_api, "FSDPModule", None
 @pytest.mark.parametrize("variant", ["avg", "premul", "accumulate", "nan"])
 def test_fsdp_trains_like_the_reference_bit_for_bit(world, variant):
     assert all(launch("workers_fsdp", "trains_like_the_reference", world, variant))
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and gradcomp.with_cuda),
+                    reason="no CUDA device, or gradcomp built without CUDA")
+@pytest.mark.parametrize("variant", ["avg", "nan"])
+def test_fsdp_on_cuda_trains_like_the_reference_bit_for_bit(variant):
+    """Two ranks sharing one GPU over Gloo (NCCL refuses two ranks on one GPU)."""
+    assert all(launch("workers_fsdp", "trains_like_the_reference", 2, variant, "cuda"))
 
 
 @pytest.mark.parametrize("reduce_dtype", ["float32", "bfloat16"])

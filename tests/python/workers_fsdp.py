@@ -98,8 +98,9 @@ class ReferenceTrainer:
     """The same model unsharded on every rank, its gradients reduced by the reference of gradcomp's
     reduce-scatter over every rank's gradients, then the same optimizer step."""
 
-    def __init__(self, world, divide_factor=None, nan=None):
-        self.model = make_model()
+    def __init__(self, world, divide_factor=None, nan=None, device="cpu"):
+        self.device = torch.device(device)
+        self.model = make_model().to(self.device)
         self.world = world
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9)
         layers = [m for m in self.model if isinstance(m, nn.Linear)]
@@ -117,14 +118,14 @@ class ReferenceTrainer:
             if self.nan == (rank, step):
                 x = x.clone()
                 x[0, 0] = float("nan")
-            loss_of(self.model, x, y).backward()
+            loss_of(self.model, x.to(self.device), y.to(self.device)).backward()
         for bucket, layer in self.layers:
             params = list(layer.parameters())
             every = all_grads([p.grad for p in params])
-            inputs = [rows(g, self.world) for g in every]
+            inputs = [rows([t.cpu() for t in g], self.world) for g in every]
             reduced = self.refs[bucket].step(inputs, step_index(self, bucket), bucket, self.divisor)
             for p, g in zip(params, unrows(reduced, [p.shape for p in params], self.world)):
-                p.grad = g
+                p.grad = g.to(self.device)
         self.opt.step()
 
 
@@ -136,20 +137,24 @@ def step_index(trainer, bucket):
     return trainer.refs[bucket].steps
 
 
-def trains_like_the_reference(rank, world, variant):
+def trains_like_the_reference(rank, world, variant, device="cpu"):
     """FSDP2 + gradcomp q4 for four steps equals the unsharded reference bit for bit; with a NaN on
-    one rank at step 2 every rank sees it in its shard of that module and keeps its residual."""
+    one rank at step 2 every rank sees it in its shard of that module and keeps its residual. On
+    "cuda" the ranks share one GPU over Gloo and the reference's q4 runs on the CPU."""
+    dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
     divide_factor = 5.0 if variant == "premul" else None  # not a world size: FSDP would pass AVG
     micro = 2 if variant == "accumulate" else 1
     nan = (world - 1, 2) if variant == "nan" else None
-    model = shard(make_model())
+    model = shard(make_model().to(dev))
     if divide_factor is not None:  # each module's own setting; FSDP then passes PREMUL_SUM(1 / factor)
         for m in model.modules():
             if isinstance(m, FSDPModule):
                 m.set_gradient_divide_factor(divide_factor)
     hook = gt.fsdp(model, gradcomp.Q4(seed=SEED))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    ref = ReferenceTrainer(world, divide_factor, nan)
+    ref = ReferenceTrainer(world, divide_factor, nan, dev)
     calls, shards, ops = [], [], set()
     original = hook._reduce_scatter
 
@@ -169,7 +174,7 @@ def trains_like_the_reference(rank, world, variant):
             if nan == (rank, step):
                 x = x.clone()
                 x[0, 0] = float("nan")
-            loss_of(model, x, y).backward()
+            loss_of(model, x.to(dev), y.to(dev)).backward()
         if nan is not None and step == nan[1]:
             for _, layer in buckets_of(model):
                 assert any(torch.isnan(p.grad.to_local()).any() for p in layer.parameters()), \
@@ -182,7 +187,8 @@ def trains_like_the_reference(rank, world, variant):
             return True
         opt.step()
         ref.step(rank, step, micro)
-        got, want = full(model), torch.cat([p.detach().reshape(-1) for p in ref.model.parameters()])
+        got = full(model).cpu()
+        want = torch.cat([p.detach().reshape(-1) for p in ref.model.parameters()]).cpu()
         assert torch.equal(got.view(torch.int32), want.view(torch.int32)), \
             f"step {step}: differs from the reference by {(got - want).abs().max().item()}"
     expected_op = dist.ReduceOp.PREMUL_SUM if divide_factor is not None else dist.ReduceOp.AVG

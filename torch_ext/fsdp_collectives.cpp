@@ -63,13 +63,26 @@ bool FsdpCollective::counted(const at::Tensor& t, uint64_t uncompressed,
   const uint64_t bytes_before = comm_->bytes_sent();
   const double comm_before = comm_->seconds();
   const auto start = std::chrono::steady_clock::now();
-  const bool finite = run();
+  ReductionStats d;
+  bool finite = false;
+  try {
+    finite = run();
+  } catch (const Error& e) {
+    d.failed_buckets = 1;
+    d.failed_steps = step_.failed_buckets == 0 ? 1 : 0;  // one per step, not per module
+    d.rejected_payloads = dynamic_cast<const PayloadError*>(&e) != nullptr ? 1 : 0;
+    total_.add(d);
+    step_.add(d);
+    TORCH_CHECK(false, e.what());
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const uint32_t this_step = step();
-  if (this_step != stats_step_) step_ = ReductionStats{};
+  if (this_step != stats_step_ || total_.steps == 0) {
+    step_ = ReductionStats{};
+    d.steps = 1;
+  }
   stats_step_ = this_step;
-  ReductionStats d;
   d.buckets = d.compressed_buckets = 1;
   d.bytes_sent = comm_->bytes_sent() - bytes_before;
   d.inter_node_bytes = d.bytes_sent;
@@ -77,6 +90,10 @@ bool FsdpCollective::counted(const at::Tensor& t, uint64_t uncompressed,
   d.comm_seconds = comm_->seconds() - comm_before;
   d.codec_seconds = seconds - d.comm_seconds;
   d.nonfinite_buckets = finite ? 0 : 1;
+  d.observe_latency(seconds);
+  d.residual_bytes = residual_memory();
+  total_.residual_bytes = 0;  // a gauge: the latest value
+  step_.residual_bytes = 0;
   total_.add(d);
   step_.add(d);
   return finite;
@@ -155,7 +172,7 @@ bool FsdpReduceScatter::reduce_scatter(const at::Tensor& output, const at::Tenso
       input, reduce_scatter_bytes(r.shard_numel, r.dtype, world),
       [&] {
         GRADCOMP_PHASE("gradcomp::fsdp_reduce_scatter");
-        return call_core([&] { return collective_->reduce_scatter(r); });
+        return collective_->reduce_scatter(r);
       },
       [&] { return collective_->next_step() - 1; });
 }
@@ -199,8 +216,7 @@ bool FsdpReplicaAllreduce::allreduce(const at::Tensor& tensor, uint64_t bucket_i
           round_.clear();
         }
         const Segment whole = whole_segment(tensor);
-        const bool finite =
-            call_core([&] { return collective_->allreduce(&whole, 1, dtype, bucket_id); });
+        const bool finite = collective_->allreduce(&whole, 1, dtype, bucket_id);
         round_.insert(bucket_id);
         return finite;
       },

@@ -36,14 +36,15 @@ class FsdpCollective {
  protected:
   FsdpCollective(c10::intrusive_ptr<c10d::ProcessGroup> group, CompressionConfig config,
                  std::chrono::milliseconds timeout);
-  // Binds at the first call, then runs `run` (which returns whether the result is finite) and
-  // counts it as one bucket of `step` sending what an uncompressed collective would send in
-  // `uncompressed` bytes.
+  // Binds at the first call, then runs `run` (core code returning whether the result is finite;
+  // its gradcomp::Error becomes a c10::Error) and counts it as one bucket of `step` sending what
+  // an uncompressed collective would send in `uncompressed` bytes.
   bool counted(const at::Tensor& t, uint64_t uncompressed, const std::function<bool()>& run,
                const std::function<uint32_t()>& step);
   virtual void make_collective(Communicator& comm, Backend& backend) = 0;
   virtual CompressionState collective_state() const = 0;
   virtual void load_collective_state(const CompressionState& state) = 0;
+  virtual uint64_t residual_memory() const = 0;
   bool bound() const { return device_.has_value(); }
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
@@ -76,6 +77,7 @@ class FsdpReduceScatter final : public FsdpCollective {
   void make_collective(Communicator& comm, Backend& backend) override;
   CompressionState collective_state() const override;
   void load_collective_state(const CompressionState& state) override;
+  uint64_t residual_memory() const override { return collective_->residual_memory(); }
   std::unique_ptr<CompressedReduceScatter> collective_;
 };
 
@@ -91,6 +93,7 @@ class FsdpReplicaAllreduce final : public FsdpCollective {
   void make_collective(Communicator& comm, Backend& backend) override;
   CompressionState collective_state() const override;
   void load_collective_state(const CompressionState& state) override;
+  uint64_t residual_memory() const override { return collective_->residual_memory(); }
   uint32_t next_step() const;
   std::unique_ptr<CompressedAllreduce> collective_;
   std::set<uint64_t> round_;

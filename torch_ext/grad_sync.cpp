@@ -104,6 +104,7 @@ struct GradSync::Impl {
   std::vector<std::string> names_;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   GradSyncOptions options_;
+  std::string codec_name_;
   at::Device device_;
   std::vector<Bucket> buckets_;
   std::vector<int64_t> bucket_of_;  // by parameter
@@ -169,7 +170,10 @@ std::string node_shared_memory_name(const c10::intrusive_ptr<c10d::ProcessGroup>
 GradSync::Impl::Impl(std::vector<at::Tensor> parameters, std::vector<std::string> names,
                      c10::intrusive_ptr<c10d::ProcessGroup> group, const CodecSpec& codec,
                      GradSyncOptions options)
-    : group_(std::move(group)), options_(options), device_(at::kCPU) {
+    : group_(std::move(group)),
+      options_(options),
+      codec_name_(codec_spec_name(codec)),
+      device_(at::kCPU) {
   GRADCOMP_CHECK(group_, "GradSync: no process group");
   GRADCOMP_CHECK(options_.bucket_cap_bytes > 0 && options_.first_bucket_cap_bytes > 0,
                  "GradSync: bucket caps must be positive, got "
@@ -607,6 +611,14 @@ GradSyncStats GradSync::stats() const {
   GradSyncStats s = impl_->last_;
   s.total = impl_->engine_->total_stats();
   return s;
+}
+
+std::string GradSync::metrics_text() const {
+  return prometheus_text(stats().total, metric_labels(rank(), impl_->codec_name_, "gradsync"));
+}
+
+void GradSync::write_metrics(const std::string& path) const {
+  write_file_atomically(path, metrics_text());
 }
 
 std::vector<std::vector<int64_t>> GradSync::buckets() const {

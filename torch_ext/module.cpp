@@ -106,6 +106,12 @@ py::dict stats_dict(const ReductionStats& s) {
   d["nonfinite_buckets"] = s.nonfinite_buckets;
   d["overlapped_buckets"] = s.overlapped_buckets;
   d["max_queued"] = s.max_queued;
+  d["steps"] = s.steps;
+  d["buckets_in_backward"] = s.buckets_in_backward;
+  d["failed_buckets"] = s.failed_buckets;
+  d["failed_steps"] = s.failed_steps;
+  d["rejected_payloads"] = s.rejected_payloads;
+  d["residual_bytes"] = s.residual_bytes;
   return d;
 }
 
@@ -206,6 +212,13 @@ PYBIND11_MODULE(_C, m) {
       .def("last_step_stats",
            [](const DdpHook& h) { return stats_dict(h.engine().last_step_stats()); })
       .def("total_stats", [](const DdpHook& h) { return stats_dict(h.engine().total_stats()); })
+      .def(
+          "metrics_text",
+          [](const DdpHook& h, int rank, const std::string& codec) {
+            return gradcomp::prometheus_text(h.engine().total_stats(),
+                                             gradcomp::metric_labels(rank, codec, "ddp"));
+          },
+          py::arg("rank"), py::arg("codec"))
       .def("world_size", &DdpHook::world_size)
       .def("worker_cpus", [](const DdpHook& h) { return h.engine().worker_cpus(); })
       .def("worker_placement", [](const DdpHook& h) { return h.engine().worker_placement(); })
@@ -283,6 +296,8 @@ PYBIND11_MODULE(_C, m) {
              py::gil_scoped_release release;
              call_core([&] { s.finish(); });
            })
+      .def("metrics_text", &gradcomp::GradSync::metrics_text)
+      .def("write_metrics", &gradcomp::GradSync::write_metrics, py::arg("path"))
       .def("stats", [](const gradcomp::GradSync& s) {
         const gradcomp::GradSyncStats st = s.stats();
         py::dict d;
@@ -365,6 +380,15 @@ PYBIND11_MODULE(_C, m) {
             return ar.allreduce(tensor, bucket);
           },
           py::arg("tensor"), py::arg("bucket"));
+  m.def(
+      "fsdp_metrics_text",
+      [](const std::vector<std::shared_ptr<FsdpCollective>>& collectives, int rank,
+         const std::string& codec) {
+        gradcomp::ReductionStats total;
+        for (const auto& c : collectives) total.add(c->total_stats());
+        return gradcomp::prometheus_text(total, gradcomp::metric_labels(rank, codec, "fsdp"));
+      },
+      py::arg("collectives"), py::arg("rank"), py::arg("codec"));
   m.def("launch_env", [] {
     const gradcomp::LaunchEnv e = call_core([] { return gradcomp::launch_env(); });
     py::dict d;

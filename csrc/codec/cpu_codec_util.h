@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <sstream>
 
 #include "gradcomp/format.h"
 #include "gradcomp/types.h"
@@ -140,9 +141,12 @@ void validate_payloads(const uint8_t* const* payloads, int num_payloads, uint64_
     if (status == format::kPayloadOk &&
         format::body_checksum(payloads[w], format::payload_bytes_of(h)) != h.body_checksum)
       status = format::kBadBodyChecksum;
-    GRADCOMP_CHECK(status == format::kPayloadOk,
-                   what << ": payload " << w << " (from rank " << w
-                        << ") rejected: " << payload_status_message(status));
+    if (status != format::kPayloadOk) {
+      std::ostringstream message;
+      message << what << ": payload " << w << " (from rank " << w
+              << ") rejected: " << payload_status_message(status);
+      throw PayloadError(message.str());
+    }
   }
 }
 

@@ -238,7 +238,8 @@ class CudaBackend final : public Backend {
   void throw_if_rejected(int32_t status) {
     if (status == 0) return;
     GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kStatus, 0, sizeof(int32_t), stream_));
-    GRADCOMP_CHECK(false, "CUDA decode rejected a payload: " << payload_status_message(status));
+    throw PayloadError(std::string("CUDA decode rejected a payload: ") +
+                       payload_status_message(status));
   }
 
   // A failure release() had to keep, raised once.

@@ -82,6 +82,7 @@ void CompressedAllreduce::post_topk(Bucket& b, InFlight& f, const Segment* segme
     for (auto& r : b.chunk_residual) r = Buffer();
     b.recv = Buffer();
     b.work = Buffer();
+    count_residual_memory();
   }
   e.numel = b.numel;
   if (config_.error_feedback) {

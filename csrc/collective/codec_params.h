@@ -42,5 +42,20 @@ inline Q4DecodeParams q4_decode_params(const uint8_t* const* payloads, int num_p
   return d;
 }
 
+// Check params of num_payloads q4 payloads, payload w holding numel[w] elements, in rank order (the
+// errors name the rank).
+inline PayloadCheckParams q4_check_params(const uint8_t* const* payloads, int num_payloads,
+                                          uint64_t payload_bytes, const int64_t* numel,
+                                          const Q4Options& q4) {
+  PayloadCheckParams check;
+  check.payloads = payloads;
+  check.num_payloads = num_payloads;
+  check.payload_bytes = payload_bytes;
+  check.numel = numel;
+  check.codec = format::kCodecQ4;
+  check.param = static_cast<uint32_t>(q4.block_size);
+  return check;
+}
+
 }  // namespace detail
 }  // namespace gradcomp

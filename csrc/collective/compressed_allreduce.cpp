@@ -160,24 +160,24 @@ CompressedAllreduce::Bucket& CompressedAllreduce::bucket_for(const Segment* segm
   restore(pending_.velocities, b->velocity, "velocity");
   Bucket& ref = *b;
   buckets_[bucket_id] = std::move(b);
+  count_residual_memory();
   return ref;
 }
 
+void CompressedAllreduce::count_residual_memory() {
+  uint64_t bytes = 0;
+  for (const auto& kv : buckets_) {
+    for (const Buffer* r : {kv.second->residual, kv.second->chunk_residual, kv.second->velocity})
+      bytes += r[0].bytes() + r[1].bytes();
+  }
+  residual_memory_.store(bytes, std::memory_order_relaxed);
+}
+
 void CompressedAllreduce::check_layout(const Bucket& b, uint64_t bucket_id) {
-  detail::LayoutFingerprint mine;
-  std::memset(&mine, 0, sizeof mine);
-  mine.bucket_id = bucket_id;
-  mine.numel = b.full_numel;
-  mine.world = static_cast<uint32_t>(comm_.world_size());
+  detail::LayoutFingerprint mine = detail::layout_fingerprint(
+      config_, bucket_id, b.full_numel, b.full_numel, comm_.world_size(), b.dtype);
   mine.local_world = static_cast<uint32_t>(local_world_size());
-  mine.codec = static_cast<uint8_t>(config_.codec);
-  mine.dtype = static_cast<uint8_t>(b.dtype);
   mine.algorithm = static_cast<uint8_t>(config_.q4_algorithm);
-  mine.residual_dtype = static_cast<uint8_t>(config_.residual_dtype);
-  mine.param = config_.codec == Codec::kQ4
-                   ? static_cast<uint32_t>(config_.q4.block_size)
-                   : static_cast<uint32_t>(topk_capacity(b.full_numel, config_.topk));
-  mine.error_feedback = config_.error_feedback ? 1 : 0;
   mine.piece = static_cast<uint32_t>(b.piece);
   if (config_.codec == Codec::kTopK) {
     const TopKRemedies& r = config_.remedies;
@@ -458,6 +458,7 @@ void CompressedAllreduce::release_bucket(uint64_t bucket_id) {
                                                << " while " << in_flight_.size()
                                                << " begun buckets are unfinished");
   buckets_.erase(bucket_id);
+  count_residual_memory();
   pending_.residuals.erase(bucket_id);
   pending_.chunk_residuals.erase(bucket_id);
   pending_.velocities.erase(bucket_id);
@@ -472,6 +473,7 @@ void CompressedAllreduce::load_state(const CompressionState& s) {
                                              << config_.seed << " on rank " << global_rank_);
   step_ = s.step;
   buckets_.clear();
+  count_residual_memory();
   pending_ = s;
 }
 

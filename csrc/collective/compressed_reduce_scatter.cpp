@@ -138,20 +138,10 @@ CompressedReduceScatter::Bucket& CompressedReduceScatter::bucket_for(
 }
 
 void CompressedReduceScatter::check_layout(const Bucket& b) {
-  detail::LayoutFingerprint mine;
-  std::memset(&mine, 0, sizeof mine);
-  mine.bucket_id = b.id;
-  mine.numel = b.shard * comm_.world_size();
-  mine.world = static_cast<uint32_t>(comm_.world_size());
+  detail::LayoutFingerprint mine = detail::layout_fingerprint(
+      config_, b.id, b.shard * comm_.world_size(), b.shard, comm_.world_size(), b.dtype);
   mine.local_world = 1;
   mine.collective = 1;
-  mine.codec = static_cast<uint8_t>(config_.codec);
-  mine.dtype = static_cast<uint8_t>(b.dtype);
-  mine.residual_dtype = static_cast<uint8_t>(config_.residual_dtype);
-  mine.param = config_.codec == Codec::kQ4
-                   ? static_cast<uint32_t>(config_.q4.block_size)
-                   : static_cast<uint32_t>(topk_capacity(b.shard, config_.topk));
-  mine.error_feedback = config_.error_feedback ? 1 : 0;
   detail::LayoutReport report{};
   report.mine = mine;
   detail::exchange_layout_report(
@@ -243,15 +233,9 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
   Segment out{r.output, 0, b.shard};
   if (config_.codec == Codec::kQ4) {
     // Every payload is checked before any is decoded: a bad one leaves the output as it was.
-    std::vector<int64_t> sizes(world, b.shard);
-    PayloadCheckParams check;
-    check.payloads = from.data();
-    check.num_payloads = world;
-    check.payload_bytes = b.slot_bytes;
-    check.numel = sizes.data();
-    check.codec = format::kCodecQ4;
-    check.param = static_cast<uint32_t>(config_.q4.block_size);
-    backend_.check_payloads(check);
+    const std::vector<int64_t> sizes(world, b.shard);
+    backend_.check_payloads(
+        detail::q4_check_params(from.data(), world, b.slot_bytes, sizes.data(), config_.q4));
     backend_.q4_decode(detail::q4_decode_params(from.data(), world, b.slot_bytes, b.shard,
                                                 config_.q4, &out, 1, code, 0, r.divisor));
   } else {
@@ -313,6 +297,12 @@ void CompressedReduceScatter::load_state(const CompressionState& s) {
   round_.clear();
   buckets_.clear();
   pending_ = s;
+}
+
+uint64_t CompressedReduceScatter::residual_memory() const {
+  uint64_t bytes = 0;
+  for (const auto& kv : buckets_) bytes += kv.second->residual[0].bytes() * 2;
+  return bytes;
 }
 
 int64_t CompressedReduceScatter::bucket_numel(uint64_t bucket_id) const {

@@ -145,6 +145,8 @@ std::exception_ptr CompressedAllreduce::between_nodes(std::exception_ptr error) 
     std::ostringstream o;
     o << "in the exchange between nodes, whose rank i is global rank " << local << " i + "
       << global_rank_ % local << ": " << e.what();
+    if (dynamic_cast<const PayloadError*>(&e) != nullptr)
+      return std::make_exception_ptr(PayloadError(o.str()));
     return std::make_exception_ptr(Error(o.str()));
   } catch (...) {
     return error;

@@ -11,6 +11,23 @@
 namespace gradcomp {
 namespace detail {
 
+LayoutFingerprint layout_fingerprint(const CompressionConfig& config, uint64_t bucket_id,
+                                     int64_t numel, int64_t codec_numel, int world, DType dtype) {
+  LayoutFingerprint f;
+  std::memset(&f, 0, sizeof f);
+  f.bucket_id = bucket_id;
+  f.numel = numel;
+  f.world = static_cast<uint32_t>(world);
+  f.codec = static_cast<uint8_t>(config.codec);
+  f.dtype = static_cast<uint8_t>(dtype);
+  f.residual_dtype = static_cast<uint8_t>(config.residual_dtype);
+  f.param = config.codec == Codec::kQ4
+                ? static_cast<uint32_t>(config.q4.block_size)
+                : static_cast<uint32_t>(topk_capacity(codec_numel, config.topk));
+  f.error_feedback = config.error_feedback ? 1 : 0;
+  return f;
+}
+
 void exchange_layout_report(Communicator& group, Backend& backend, LayoutReport& report,
                             const std::function<int(int)>& global_of,
                             const std::function<void(const std::function<void()>&)>& run) {

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "gradcomp/backend.h"
+#include "gradcomp/collectives.h"
 #include "gradcomp/communicator.h"
 
 namespace gradcomp {
@@ -32,6 +33,11 @@ struct LayoutFingerprint {
   bool operator==(const LayoutFingerprint& o) const { return std::memcmp(this, &o, sizeof o) == 0; }
 };
 static_assert(sizeof(LayoutFingerprint) == 64, "fingerprint is exchanged as 64 bytes");
+
+// The fields every collective fills alike (the rest zero): `numel` elements in all, the codec's
+// parameter (q4 block size, or the top-k capacity of `codec_numel` elements).
+LayoutFingerprint layout_fingerprint(const CompressionConfig& config, uint64_t bucket_id,
+                                     int64_t numel, int64_t codec_numel, int world, DType dtype);
 
 // A rank's fingerprint and the first mismatch any rank has seen so far.
 struct LayoutReport {

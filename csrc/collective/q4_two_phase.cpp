@@ -88,14 +88,8 @@ void CompressedAllreduce::check_q4_two_phase(Bucket& b, InFlight& f) {
       payloads[w] = b.q4_slot(b.gathered, p, w, world);
       sizes[w] = b.piece_numel(w, p);
     }
-    PayloadCheckParams check;  // one piece's payloads, in rank order (errors name the rank)
-    check.payloads = payloads.data();
-    check.num_payloads = world;
-    check.payload_bytes = b.q4_slot_bytes;
-    check.numel = sizes.data();
-    check.codec = format::kCodecQ4;
-    check.param = static_cast<uint32_t>(config_.q4.block_size);
-    backend_.check_payloads(check);
+    backend_.check_payloads(
+        detail::q4_check_params(payloads.data(), world, b.q4_slot_bytes, sizes.data(), config_.q4));
   }
 }
 

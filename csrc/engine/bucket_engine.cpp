@@ -24,6 +24,21 @@ void ReductionStats::add(const ReductionStats& o) {
   nonfinite_buckets += o.nonfinite_buckets;
   overlapped_buckets += o.overlapped_buckets;
   max_queued = std::max(max_queued, o.max_queued);
+  steps += o.steps;
+  buckets_in_backward += o.buckets_in_backward;
+  failed_buckets += o.failed_buckets;
+  failed_steps += o.failed_steps;
+  rejected_payloads += o.rejected_payloads;
+  residual_bytes = std::max(residual_bytes, o.residual_bytes);
+  for (int i = 0; i <= kLatencyBuckets; ++i) latency_counts[i] += o.latency_counts[i];
+  latency_seconds += o.latency_seconds;
+}
+
+void ReductionStats::observe_latency(double seconds) {
+  int i = 0;
+  while (i < kLatencyBuckets && seconds > kLatencyBounds[i]) ++i;
+  ++latency_counts[i];
+  latency_seconds += seconds;
 }
 
 namespace {
@@ -281,8 +296,11 @@ void BucketEngine::reduce_now(const BucketRequest& bucket, Done done,
 
 void BucketEngine::record_timing(BucketTiming timing) {
   timing.finished = std::chrono::steady_clock::now();
+  const double seconds = std::chrono::duration<double>(timing.finished - timing.started).count();
   std::lock_guard<std::mutex> stats_lock(stats_mu_);
   timeline_.push_back(timing);
+  step_stats_.observe_latency(seconds);
+  total_.observe_latency(seconds);
 }
 
 std::exception_ptr BucketEngine::failure(const BucketRequest& b, const std::exception& e) {
@@ -303,7 +321,12 @@ void BucketEngine::reduce_locked(const BucketRequest& b, Done done, BucketTiming
     in_flight_.reset();
     completions.push_back(finish_bucket(f.bucket, std::move(f.done), f.timing));
   }
-  if (b.index == 0 && started_) begin_step();
+  if (b.index == 0) {
+    if (started_) begin_step();
+    ReductionStats begun;
+    begun.steps = 1;
+    add_stats(begun);
+  }
   started_ = true;
   if (!b.params.empty()) {
     BucketLayout layout;
@@ -435,6 +458,11 @@ std::pair<BucketEngine::Done, std::exception_ptr> BucketEngine::finish_bucket(
 }
 
 void BucketEngine::fail_bucket(const BucketRequest& b, const std::exception& e) {
+  ReductionStats delta;
+  delta.failed_buckets = 1;
+  delta.failed_steps = step_failed_ ? 0 : 1;
+  delta.rejected_payloads = dynamic_cast<const PayloadError*>(&e) != nullptr ? 1 : 0;
+  add_stats(delta);
   step_failed_ = true;
   GRADCOMP_CHECK(false, "bucket " << b.index << " (identity 0x" << std::hex << b.identity
                                   << std::dec << ", " << b.numel << " elements) of step "
@@ -467,6 +495,13 @@ void BucketEngine::begin_step() {
     step_stats_.max_queued = max_queued_step_;
     max_queued_step_ = 0;
   }
+  // The finished step's buckets that ended before its last one was handed in.
+  std::chrono::steady_clock::time_point last_in{};
+  for (const BucketTiming& t : timeline_) last_in = std::max(last_in, t.submitted);
+  uint64_t in_backward = 0;
+  for (const BucketTiming& t : timeline_) in_backward += t.finished < last_in ? 1 : 0;
+  step_stats_.buckets_in_backward += in_backward;
+  total_.buckets_in_backward += in_backward;
   last_step_ = step_stats_;
   step_stats_ = ReductionStats{};
   last_timeline_ = std::move(timeline_);
@@ -546,6 +581,7 @@ void BucketEngine::end_step() {
 ReductionStats BucketEngine::last_step_stats() const {
   std::lock_guard<std::mutex> lock(stats_mu_);
   ReductionStats s = step_stats_.buckets > 0 ? step_stats_ : last_step_;
+  s.residual_bytes = allreduce_ ? allreduce_->residual_memory() : 0;
   if (step_stats_.buckets > 0) {
     std::lock_guard<std::mutex> queue_lock(queue_mu_);
     s.max_queued = max_queued_step_;
@@ -561,6 +597,7 @@ std::vector<BucketTiming> BucketEngine::step_timeline() const {
 ReductionStats BucketEngine::total_stats() const {
   std::lock_guard<std::mutex> lock(stats_mu_);
   ReductionStats s = total_;
+  s.residual_bytes = allreduce_ ? allreduce_->residual_memory() : 0;
   std::lock_guard<std::mutex> queue_lock(queue_mu_);
   s.max_queued = max_queued_total_;
   return s;

@@ -38,4 +38,10 @@ EngineOptions engine_options(const CodecSpec& codec) {
   return o;
 }
 
+const char* codec_spec_name(const CodecSpec& codec) {
+  if (std::holds_alternative<Q4>(codec)) return "q4";
+  if (std::holds_alternative<TopK>(codec)) return "topk";
+  return "none";
+}
+
 }  // namespace gradcomp

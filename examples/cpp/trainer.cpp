@@ -294,6 +294,10 @@ int run(const Flags& f) {
         timed.finish_wait_seconds += st.finish_wait_seconds;
       }
     }
+    // --metrics-dir: this rank's counters for node_exporter's textfile collector, every step.
+    if (sync && f.has("metrics-dir"))
+      sync->write_metrics(f.get("metrics-dir", "") + "/gradcomp-rank" + std::to_string(rank) +
+                          ".prom");
     if (s == nan_at && sync)
       std::printf("rank %d step %lld nonfinite_buckets %llu\n", rank, static_cast<long long>(s),
                   static_cast<unsigned long long>(sync->stats().step.nonfinite_buckets));

@@ -162,6 +162,10 @@ def _node_transport(intra, node_transport):
     return name[0]
 
 
+def _codec_name(codec) -> str:
+    return {"Q4": "q4", "TopK": "topk"}.get(type(codec).__name__, "none")
+
+
 class Hook:
     """Handle to a registered hook: statistics and checkpointable state (one per rank)."""
 
@@ -177,6 +181,14 @@ class Hook:
     def state_dict(self) -> dict:
         """This rank's residuals (by stable bucket identity), step counter and seed."""
         return self._native.state_dict()
+
+    def metrics_text(self) -> str:
+        """This rank's counters since registration in Prometheus's text format (gradcomp.torch.metrics
+        serves them; docs/operations.md lists them)."""
+        if self._native is None:
+            self._ensure_native()
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        return self._native.metrics_text(rank, _codec_name(self.codec))
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restores state saved by ``state_dict`` on the same rank; the run then continues

@@ -103,6 +103,12 @@ class FsdpHook:
         return {"step": _sum_stats([p["step"] for p in per.values()]),
                 "total": _sum_stats([p["total"] for p in per.values()]), **per}
 
+    def metrics_text(self) -> str:
+        """This rank's counters of both collectives together in Prometheus's text format
+        (front_end="fsdp"; gradcomp.torch.metrics serves them)."""
+        codec = "q4" if isinstance(self.codec, Q4) else "topk"
+        return _C.fsdp_metrics_text(list(self._collectives.values()), _rank(), codec)
+
     def local_state_dict(self) -> dict:
         """This rank's state as plain dicts: per collective, its residuals (uint8 tensors by bucket),
         step, seed and group size."""

@@ -3,6 +3,7 @@
 from .ddp import Hook, HookState, check_optimizer, comm_hook, node_groups, register
 from .fsdp import FsdpHook, fsdp
 from .launch import init_process_group, launch_env
+from . import metrics
 
 __all__ = ["register", "Hook", "HookState", "comm_hook", "check_optimizer", "node_groups", "init_process_group",
-           "launch_env", "fsdp", "FsdpHook"]
+           "launch_env", "fsdp", "FsdpHook", "metrics"]

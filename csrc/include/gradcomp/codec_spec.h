@@ -50,4 +50,7 @@ using CodecSpec = std::variant<Q4, TopK, NoCompression>;
 // The engine options a spec stands for; throws Error naming a bad option.
 EngineOptions engine_options(const CodecSpec& codec);
 
+// "q4", "topk" or "none": the codec label of metrics.
+const char* codec_spec_name(const CodecSpec& codec);
+
 }  // namespace gradcomp

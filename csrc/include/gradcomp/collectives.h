@@ -1,6 +1,7 @@
 // The compressed allreduce of one bucket: q4 two-phase or one-phase, top-k allgather.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -188,6 +189,8 @@ class CompressedAllreduce {
   // Seconds the calling thread has spent in collectives or waiting for them, over all reductions
   // (what is not codec work).
   double blocked_seconds() const;
+  // Bytes of the residuals and velocities held now (both buffers of each); any thread may ask.
+  uint64_t residual_memory() const { return residual_memory_.load(std::memory_order_relaxed); }
 
  private:
   struct Bucket;
@@ -240,6 +243,8 @@ class CompressedAllreduce {
   void blocking(const std::function<void()>& collective);
   // Waits for every posted collective and forgets their errors (their buffers are free).
   void drain_collectives() noexcept;
+  // Recounts residual_memory() after buckets change.
+  void count_residual_memory();
 
   Communicator& comm_;            // all ranks (flat) or the inter-node group
   Communicator* node_ = nullptr;  // the intra-node group of a hierarchical reduction
@@ -254,6 +259,7 @@ class CompressedAllreduce {
   std::unique_ptr<detail::CollectiveQueue> node_collectives_;  // hierarchical: the node's
   // Begun buckets, oldest first (a list: InFlight is incomplete here).
   std::list<InFlight> in_flight_;
+  std::atomic<uint64_t> residual_memory_{0};
 };
 
 }  // namespace gradcomp

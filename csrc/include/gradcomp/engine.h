@@ -65,8 +65,46 @@ struct ReductionStats {
   // during their last collectives, and their decode during its collectives).
   uint64_t overlapped_buckets = 0;
   uint64_t max_queued = 0;  // most buckets waiting for the worker at once (a gauge, not a sum)
+  uint64_t steps = 0;       // steps begun
+  // Buckets whose reduction ended before the step's last bucket was handed in: on the host
+  // clock, their communication ran during backward (CUDA: their queueing did).
+  uint64_t buckets_in_backward = 0;
+  uint64_t failed_buckets = 0;     // buckets whose reduction raised
+  uint64_t failed_steps = 0;       // steps with a failed bucket (undone when the next begins)
+  uint64_t rejected_payloads = 0;  // failures whose cause was a payload failing its checks
+  uint64_t residual_bytes = 0;     // a gauge: the memory of residuals and velocities now
+  // Seconds from a bucket's start to its end (CUDA: to its queueing), as a histogram: counts of
+  // buckets at most kLatencyBounds[i] seconds, and above the last bound.
+  static constexpr int kLatencyBuckets = 16;
+  static constexpr double kLatencyBounds[kLatencyBuckets] = {
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+      0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
+  uint64_t latency_counts[kLatencyBuckets + 1] = {};
+  double latency_seconds = 0;  // their sum
+  void observe_latency(double seconds);
   void add(const ReductionStats& other);
 };
+
+// Labels of one rank's metrics.
+struct MetricLabels {
+  int rank = 0;
+  int local_rank = 0;
+  std::string node;       // the host name
+  std::string codec;      // q4, topk, none
+  std::string front_end;  // ddp, fsdp, gradsync
+};
+
+// Labels for this process: `rank`, the local rank from LOCAL_RANK (torchrun) or SLURM_LOCALID
+// (srun), else 0, and the host name.
+MetricLabels metric_labels(int rank, std::string codec, std::string front_end);
+
+// A rank's counters in the Prometheus text exposition format (version 0.0.4), gradcomp_* names,
+// one `_total` counter per count, `_seconds` and `_bytes` units, the latency histogram as
+// gradcomp_bucket_seconds. docs/operations.md lists them.
+std::string prometheus_text(const ReductionStats& total, const MetricLabels& labels);
+// Writes `text` to `path` through a temporary file in the same directory and a rename, so that a
+// reader (node_exporter's textfile collector) never sees half of it. Throws Error naming the path.
+void write_file_atomically(const std::string& path, const std::string& text);
 
 // When one bucket was handed in, began reducing and was done (host clock; on a CUDA backend the
 // reduction is only queued in that time). Front ends compare it with their backward pass.

@@ -69,6 +69,8 @@ class CompressedReduceScatter {
   void load_state(const CompressionState& state);
   // The element count (world * shard) of a bucket this reduce-scatter has reduced, or -1.
   int64_t bucket_numel(uint64_t bucket_id) const;
+  // Bytes of the residuals held now (both buffers of each).
+  uint64_t residual_memory() const;
 
  private:
   struct Bucket;

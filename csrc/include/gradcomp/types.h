@@ -34,6 +34,13 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// A payload that failed its checks (corrupted, truncated or foreign bytes): counted apart, as
+// operators alert on it.
+class PayloadError : public Error {
+ public:
+  explicit PayloadError(const std::string& what) : Error(what) {}
+};
+
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
 }  // namespace detail

@@ -117,6 +117,11 @@ class GradSync {
   NoSync no_sync() { return NoSync(*this); }
 
   GradSyncStats stats() const;
+  // This rank's counters since construction in Prometheus's text format (gradcomp_* metrics,
+  // labelled with rank, local rank, host, codec and front_end="gradsync"); write_metrics writes
+  // them to `path` atomically, for node_exporter's textfile collector (docs/operations.md).
+  std::string metrics_text() const;
+  void write_metrics(const std::string& path) const;
   // The bucket assignment: each bucket's parameter positions (into `parameters`), in order.
   std::vector<std::vector<int64_t>> buckets() const;
   int rank() const;

@@ -1,0 +1,151 @@
+// Metrics: the engine's counters (steps, latency, failures, rejected payloads, residual memory)
+// and their Prometheus text, and the atomic file write of the textfile collector.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gradcomp/engine.h"
+#include "gradcomp/fault_injection.h"
+#include "gradcomp/inprocess_group.h"
+#include "test_util.h"
+
+namespace gradcomp {
+namespace {
+
+// sample line (name{labels}) -> value
+std::map<std::string, std::string> samples(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    out[line.substr(0, space)] = line.substr(space + 1);
+  }
+  return out;
+}
+
+TEST(MetricsText, EveryCounterIsExportedWithItsLabelsAndExactValues) {
+  ReductionStats s;
+  s.steps = 7;
+  s.buckets = 21;
+  s.compressed_buckets = 21;
+  s.bytes_sent = 123456789012ull;
+  s.uncompressed_bytes = 987654321098ull;
+  s.codec_seconds = 0.1;
+  s.comm_seconds = 2.5;
+  s.nonfinite_buckets = 1;
+  s.rejected_payloads = 2;
+  s.failed_buckets = 3;
+  s.failed_steps = 1;
+  s.residual_bytes = 4096;
+  s.observe_latency(0.0002);  // <= 0.00025
+  s.observe_latency(0.0002);
+  s.observe_latency(20.0);  // above every bound
+  MetricLabels l{3, 1, "node\"a", "q4", "ddp"};
+  const std::string text = prometheus_text(s, l);
+  const std::string labels =
+      "{rank=\"3\",local_rank=\"1\",node=\"node\\\"a\",codec=\"q4\",front_end=\"ddp\"}";
+  auto m = samples(text);
+  EXPECT_EQ(m["gradcomp_steps_total" + labels], "7");
+  EXPECT_EQ(m["gradcomp_sent_bytes_total" + labels], "123456789012");
+  EXPECT_EQ(m["gradcomp_uncompressed_bytes_total" + labels], "987654321098");
+  EXPECT_EQ(std::stod(m["gradcomp_compression_ratio" + labels]), 987654321098.0 / 123456789012.0);
+  EXPECT_EQ(m["gradcomp_codec_seconds_total" + labels], "0.1");
+  EXPECT_EQ(m["gradcomp_communication_seconds_total" + labels], "2.5");
+  EXPECT_EQ(m["gradcomp_rejected_payloads_total" + labels], "2");
+  EXPECT_EQ(m["gradcomp_failed_buckets_total" + labels], "3");
+  EXPECT_EQ(m["gradcomp_failed_steps_total" + labels], "1");
+  EXPECT_EQ(m["gradcomp_nonfinite_buckets_total" + labels], "1");
+  EXPECT_EQ(m["gradcomp_residual_bytes" + labels], "4096");
+  const std::string at = labels.substr(0, labels.size() - 1);
+  EXPECT_EQ(m["gradcomp_bucket_seconds_bucket" + at + ",le=\"0.0001\"}"], "0");
+  EXPECT_EQ(m["gradcomp_bucket_seconds_bucket" + at + ",le=\"0.00025\"}"], "2");
+  EXPECT_EQ(m["gradcomp_bucket_seconds_bucket" + at + ",le=\"10\"}"], "2");
+  EXPECT_EQ(m["gradcomp_bucket_seconds_bucket" + at + ",le=\"+Inf\"}"], "3");
+  EXPECT_EQ(m["gradcomp_bucket_seconds_count" + labels], "3");
+  EXPECT_EQ(std::stod(m["gradcomp_bucket_seconds_sum" + labels]), 0.0002 + 0.0002 + 20.0);
+  // One HELP and one TYPE per family.
+  EXPECT_NE(text.find("# TYPE gradcomp_bucket_seconds histogram\n"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE gradcomp_sent_bytes_total counter\n"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE gradcomp_residual_bytes gauge\n"), std::string::npos);
+}
+
+TEST(MetricsText, TheFileIsReplacedWholeAndAnUnwritablePathIsNamed) {
+  const std::string path = ::testing::TempDir() + "gradcomp_metrics_test.prom";
+  write_file_atomically(path, "first\n");
+  write_file_atomically(path, "second\n");
+  std::ifstream f(path);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(all, "second\n");
+  EXPECT_FALSE(std::ifstream(path + ".tmp").good());
+  std::remove(path.c_str());
+  try {
+    write_file_atomically("/nonexistent-dir/x.prom", "x");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent-dir/x.prom"), std::string::npos);
+  }
+}
+
+TEST(EngineCounters, StepsLatencyResidualsAndARejectedPayloadAreCounted) {
+  constexpr int kWorld = 2;
+  InProcessGroup group(kWorld);
+  std::vector<ReductionStats> totals(kWorld);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      FaultSpec spec;
+      spec.action = FaultSpec::Action::kFlipBits;
+      spec.collective = "all_gather";
+      spec.call = 3;  // step 2's allgather (after the layout check and steps 0 and 1)
+      spec.rank = 1;
+      FaultInjectingCommunicator comm(group.communicator(rank), spec);
+      auto backend = make_cpu_backend();
+      EngineOptions o;
+      o.config.seed = 3;
+      o.config.piece_numel = 0;
+      BucketEngine engine(o);
+      engine.bind(comm, backend.get());
+      for (uint32_t step = 0; step < 4; ++step) {
+        std::vector<float> g = testing::normal_floats(5000, step * 10 + rank);
+        BucketRequest r;
+        r.data = g.data();
+        r.numel = 5000;
+        r.index = 0;
+        r.identity = 77;
+        r.is_last = true;
+        try {
+          engine.reduce(r);
+          EXPECT_NE(step, 2u) << "rank " << rank;
+        } catch (const Error&) {
+          EXPECT_EQ(step, 2u) << "rank " << rank;
+        }
+      }
+      totals[rank] = engine.total_stats();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < kWorld; ++rank) {
+    const ReductionStats& s = totals[rank];
+    EXPECT_EQ(s.steps, 4u);
+    EXPECT_EQ(s.failed_buckets, 1u);
+    EXPECT_EQ(s.failed_steps, 1u);
+    EXPECT_EQ(s.rejected_payloads, 1u);
+    uint64_t observed = 0;
+    for (uint64_t c : s.latency_counts) observed += c;
+    EXPECT_EQ(observed, s.buckets);
+    EXPECT_EQ(s.buckets, 3u);  // the failed bucket is not a reduced one
+    // Two-phase q4, fp32 residuals, both buffers: the bucket's and the own chunk's.
+    EXPECT_EQ(s.residual_bytes, 2u * (5000 + 2560) * 4);
+  }
+}
+
+}  // namespace
+}  // namespace gradcomp

@@ -4,10 +4,13 @@
     torchrun --nproc-per-node 2 examples/ddp_train.py --codec topk --ratio 0.01
     torchrun --nproc-per-node 2 examples/ddp_train.py --codec none        # plain DDP allreduce
     srun --ntasks-per-node 2 python examples/ddp_train.py --codec q4      # Slurm, without torchrun
+    examples/launch/: the same under torchrun (one node, several), sbatch and Kubernetes
 
 Runs on CPU with Gloo, or on GPUs with NCCL (one GPU per process) when CUDA is available.
 """
 import argparse
+import hashlib
+import os
 
 import torch
 import torch.distributed as dist
@@ -41,8 +44,14 @@ def digits_split(seed: int = 0):
 
 
 def train(codec: str = "q4", epochs: int = 30, seed: int = 0, ratio: float = 0.01, error_feedback: bool = True,
-          batch: int = 32, lr: float = 0.05, device: str = "cpu", log=None):
-    """Trains on this rank's half of the training set; returns (test accuracy, hook or None)."""
+          batch: int = 32, lr: float = 0.05, device: str = "cpu", log=None, checkpoint: str = "",
+          checkpoint_every: int = 50, stop_after: int = 0):
+    """Trains on this rank's half of the training set; returns (test accuracy, hook or None).
+
+    With `checkpoint`, every rank saves model, optimizer, schedule, data order and gradcomp's state to
+    `checkpoint`.rank<r> every `checkpoint_every` steps (written to a temporary file, then renamed) and a
+    restarted job resumes from it bit for bit. `stop_after` > 0 ends the process after that many steps
+    of this run (a crash, for tests)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     xtr, ytr, xte, yte = digits_split()
     xtr, ytr = xtr[rank::world].to(device), ytr[rank::world].to(device)
@@ -55,18 +64,44 @@ def train(codec: str = "q4", epochs: int = 30, seed: int = 0, ratio: float = 0.0
     total = epochs * steps_per_epoch
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, [int(0.6 * total), int(0.85 * total)], gamma=0.1)
     gen = torch.Generator().manual_seed(seed + 1000 * rank)
-    for epoch in range(epochs):
-        perm = torch.randperm(len(ytr), generator=gen).to(device)
-        for i in range(steps_per_epoch):
-            idx = perm[i * batch:(i + 1) * batch]
-            opt.zero_grad()
-            nn.functional.cross_entropy(ddp(xtr[idx]), ytr[idx]).backward()
-            opt.step()
-            sched.step()
-        if log is not None:
+    path = f"{checkpoint}.rank{rank}" if checkpoint else ""
+    step, perm = 0, None
+    if path and os.path.exists(path):
+        saved = torch.load(path, weights_only=False)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        sched.load_state_dict(saved["sched"])
+        gen.set_state(saved["gen"])
+        step, perm = saved["step"], saved["perm"]
+        if hook is not None:
+            hook.load_state_dict(saved["gradcomp"])
+    done_here = 0
+    while step < total:
+        epoch, i = divmod(step, steps_per_epoch)
+        if i == 0 or perm is None:
+            perm = torch.randperm(len(ytr), generator=gen)
+        idx = perm[i * batch:(i + 1) * batch].to(device)
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(xtr[idx]), ytr[idx]).backward()
+        opt.step()
+        sched.step()
+        step += 1
+        done_here += 1
+        if path and step % checkpoint_every == 0:
+            state = {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                     "gen": gen.get_state(), "step": step, "perm": perm,
+                     "gradcomp": hook.state_dict() if hook is not None else None}
+            torch.save(state, path + ".tmp")
+            os.replace(path + ".tmp", path)
+        if stop_after and done_here == stop_after:
+            os._exit(3)
+        if log is not None and step % steps_per_epoch == 0:
             log(epoch, hook)
     with torch.no_grad():
         accuracy = (model(xte.to(device)).argmax(dim=1).cpu() == yte).float().mean().item()
+        flat = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
+    if rank == 0:  # equal digests: the same model to the bit (a resumed run against a straight one)
+        print(f"parameters sha256 {hashlib.sha256(flat.numpy().tobytes()).hexdigest()}", flush=True)
     return accuracy, hook
 
 
@@ -77,6 +112,11 @@ def main():
     parser.add_argument("--no-error-feedback", action="store_true")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint", default="", help="save to and resume from CHECKPOINT.rank<r>")
+    parser.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints")
+    parser.add_argument("--stop-after", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="serve gradcomp's Prometheus metrics on this port + local rank (0: off)")
     args = parser.parse_args()
     use_cuda = torch.cuda.is_available()
     env = gt.launch_env()  # torchrun's variables, or Slurm's under srun without torchrun
@@ -86,12 +126,16 @@ def main():
     device = f"cuda:{torch.cuda.current_device()}" if use_cuda else "cpu"
 
     def log(epoch, hook):
+        if epoch == 0 and args.metrics_port and hook is not None:
+            gt.metrics.serve(args.metrics_port, hook)
         if dist.get_rank() == 0 and hook is not None and (epoch + 1) % 10 == 0:
             s = hook.stats()["total"]
             print(f"epoch {epoch + 1}: sent {s['bytes_sent'] / 1e6:.2f} MB, {s['ratio']:.1f}x less than an "
                   f"uncompressed allreduce", flush=True)
 
-    accuracy, _ = train(args.codec, args.epochs, args.seed, args.ratio, not args.no_error_feedback, device=device, log=log)
+    accuracy, _ = train(args.codec, args.epochs, args.seed, args.ratio, not args.no_error_feedback, device=device,
+                        log=log, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
+                        stop_after=args.stop_after)
     if dist.get_rank() == 0:
         print(f"codec={args.codec} test accuracy {accuracy:.4f}")
     dist.destroy_process_group()

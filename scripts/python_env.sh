@@ -15,10 +15,10 @@ fi
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" >&2
 fi
-check="import torch, numpy, sklearn, pytest, matplotlib, prometheus_client"
+check="import torch, numpy, sklearn, pytest, matplotlib, prometheus_client, yaml, kubernetes_validate"
 [ -z "$torch_version" ] || check="$check; assert torch.__version__.split('+')[0] == '$torch_version', torch.__version__"
 if ! "$venv/bin/python" -c "$check" >/dev/null 2>&1; then
   "$venv/bin/pip" install -q --upgrade pip >&2
-  "$venv/bin/pip" install -q "$torch_spec" numpy scikit-learn pytest matplotlib prometheus_client setuptools wheel >&2
+  "$venv/bin/pip" install -q "$torch_spec" numpy scikit-learn pytest matplotlib prometheus_client pyyaml kubernetes-validate setuptools wheel >&2
 fi
 echo "$venv"

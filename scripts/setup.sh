@@ -11,6 +11,9 @@ command -v clang++ >/dev/null || need+=(clang)
 # A real Prometheus server, promtool and node_exporter for tests/python/test_monitoring.py.
 command -v promtool >/dev/null || need+=(prometheus)
 command -v prometheus-node-exporter >/dev/null || need+=(prometheus-node-exporter)
+# A single-node Slurm for tests/python/test_launch_recipes.py.
+command -v slurmctld >/dev/null || need+=(slurmctld)
+command -v slurmd >/dev/null || need+=(slurmd slurm-client)
 ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || need+=(libclang-rt-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"

@@ -14,17 +14,19 @@ import gradcomp
 import gradcomp.torch as gt
 
 
-def train_and_serve(rank, world, port, control, slow_rank, slow_seconds):
+def train_and_serve(rank, world, port, control, slow_rank, slow_seconds, slow_after=0.0):
     """Serves metrics on port + rank; trains until `control`/stop exists (rank 0 decides for all),
     sleeping `slow_seconds` before each backward on `slow_rank`; then writes its stats to
-    `control`/stats.<rank>.json and serves until `control`/done exists."""
+    `control`/stats.<rank>.json and serves until `control`/done exists. The slowness starts
+    `slow_after` seconds in."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
     ddp = nn.parallel.DistributedDataParallel(model)
     hook = gt.register(ddp, gradcomp.Q4())
     gt.metrics.serve(port + rank, hook, addr="127.0.0.1", per_rank_port=False)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    deadline = time.time() + 150
+    begin = time.time()
+    deadline = begin + 150 + slow_after
     steps = 0
     while True:
         stop = torch.tensor([1.0 if (os.path.exists(os.path.join(control, "stop")) or time.time() > deadline)
@@ -35,7 +37,7 @@ def train_and_serve(rank, world, port, control, slow_rank, slow_seconds):
         x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
         opt.zero_grad()
         loss = nn.functional.cross_entropy(ddp(x), y)
-        if rank == slow_rank:
+        if rank == slow_rank and time.time() - begin >= slow_after:
             time.sleep(slow_seconds)
         loss.backward()
         opt.step()

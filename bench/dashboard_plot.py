@@ -7,7 +7,6 @@ through Prometheus's range API.
 """
 import argparse
 import json
-import os
 import pathlib
 import shutil
 import socket

@@ -12,10 +12,11 @@ import torch.distributed as dist
 import torch.nn as nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4", "gradcomp-topk",
            "gradcomp-q4-hier", "gradcomp-topk-hier", "gradcomp-q4-1piece", "gradcomp-q4-hier-1piece",
-           "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4")
+           "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4", "fp8-hook")
 # FSDP2 (fully_shard on every Linear and the root, default resharding): its own reduce-scatter in
 # fp32 or in bf16 (MixedPrecisionPolicy's reduce_dtype; parameters stay fp32), or gradcomp's q4 one.
 FSDP_METHODS = ("fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4")
@@ -73,6 +74,9 @@ def install(method: str, ddp, gt, gradcomp, local_world_size=1):
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     elif method == "quant-pertensor":
         ddp.register_comm_hook(None, quantization_hooks.quantization_pertensor_hook)
+    elif method == "fp8-hook":  # 2026's FP8 hook of training frameworks (bench/fp8_hook.py)
+        from fp8_hook import fp8_hook
+        ddp.register_comm_hook(None, fp8_hook)
     elif method == "gradcomp-q4":
         return gt.register(ddp, gradcomp.Q4())
     elif method == "gradcomp-topk":

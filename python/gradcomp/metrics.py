@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import threading
 
-import torch.distributed as dist
-
 __all__ = ["GradcompCollector", "serve", "register"]
 
 

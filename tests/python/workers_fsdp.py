@@ -41,6 +41,19 @@ def loss_of(model, x, y):
     return nn.functional.cross_entropy(model(x).float(), y)
 
 
+def train_losses(model, opt, rank, steps):
+    """Trains on three batches in turn; returns the losses."""
+    losses = []
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = batch(rank, step % 3)
+        loss = loss_of(model, x, y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 def full(model) -> torch.Tensor:
     return torch.cat([p.full_tensor().reshape(-1) for p in model.parameters()])
 
@@ -223,15 +236,7 @@ def mixed_precision_reaches_the_comm_in_the_reduce_dtype(rank, world, reduce_dty
         original(output, input, group, op, bucket)
 
     hook._reduce_scatter = spy
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for step in range(30):
-        opt.zero_grad()
-        x, y = batch(rank, step % 3)
-        loss = loss_of(model, x, y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = train_losses(model, torch.optim.AdamW(model.parameters(), lr=1e-2), rank, 30)
     assert set(seen) == {(reduce, reduce)}, seen
     assert losses[-1] < 0.5 * losses[0], losses
     return True
@@ -314,15 +319,7 @@ def topk_trains(rank, world):
     model; the bytes are those of the payloads."""
     model = shard(make_model())
     hook = gt.fsdp(model, gradcomp.TopK(ratio=0.1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    losses = []
-    for step in range(40):
-        opt.zero_grad()
-        x, y = batch(rank, step % 3)
-        loss = loss_of(model, x, y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = train_losses(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), rank, 40)
     assert losses[-1] < 0.5 * losses[0], losses
     stats = hook.stats()["total"]
     assert stats["uncompressed_bytes"] > 3 * stats["bytes_sent"] > 0, stats

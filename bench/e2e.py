@@ -116,7 +116,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", default="2", help="comma list of world sizes")
     ap.add_argument("--gbps", default="1", help="comma list of per-node link rates in Gbit/s")
-    ap.add_argument("--methods", default=",".join(METHODS))
+    # The FSDP methods are a comparison of their own (--methods fsdp-fp32,fsdp-bf16,fsdp-gradcomp-q4).
+    ap.add_argument("--methods", default=",".join(m for m in METHODS if not m.startswith("fsdp")))
     ap.add_argument("--cpp-bin", default=CPP_BIN, help="examples/cpp's throughput program")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)

@@ -4,6 +4,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cstring>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
@@ -385,7 +386,13 @@ PYBIND11_MODULE(_C, m) {
       [](const std::vector<std::shared_ptr<FsdpCollective>>& collectives, int rank,
          const std::string& codec) {
         gradcomp::ReductionStats total;
-        for (const auto& c : collectives) total.add(c->total_stats());
+        uint64_t steps = 0;  // both collectives count the same steps
+        for (const auto& c : collectives) {
+          const gradcomp::ReductionStats s = c->total_stats();
+          total.add(s);
+          steps = std::max(steps, s.steps);
+        }
+        total.steps = steps;
         return gradcomp::prometheus_text(total, gradcomp::metric_labels(rank, codec, "fsdp"));
       },
       py::arg("collectives"), py::arg("rank"), py::arg("codec"));

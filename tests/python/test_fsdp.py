@@ -51,3 +51,7 @@ def test_hsdp_compresses_the_allreduce_across_replicas_bit_for_bit():
 
 def test_distributed_checkpoint_keeps_every_ranks_residuals(tmp_path):
     assert all(launch("workers_fsdp", "resumes_through_distributed_checkpoint", 2, str(tmp_path / "dcp")))
+
+
+def test_fsdp_metrics_count_each_step_once_with_both_collectives():
+    assert all(launch("workers_fsdp", "metrics_count_each_step_once", 4))

@@ -378,6 +378,29 @@ def hsdp_trains_like_the_reference(rank, world):
     return True
 
 
+def metrics_count_each_step_once(rank, world):
+    """FSDP's metrics with both collectives (reduce-scatter and replica all-reduce): one series per
+    metric, steps counted once, the buckets of both."""
+    from prometheus_client.parser import text_string_to_metric_families
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    model = make_model()
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh["shard"])
+    fully_shard(model, mesh=mesh["shard"])
+    hook = gt.fsdp(model, gradcomp.Q4(seed=SEED), replicate_group=mesh["replicate"].get_group(),
+                   reduce_scatter=True)
+    train_losses(model, torch.optim.SGD(model.parameters(), lr=0.1), rank, 3)
+    values = {s.name: s.value for f in text_string_to_metric_families(hook.metrics_text()) for s in f.samples
+              if not s.name.startswith("gradcomp_bucket_seconds")}
+    assert values["gradcomp_steps_total"] == 3, values
+    assert values["gradcomp_buckets_total"] == 3 * 3 * 2, values  # 3 modules, 3 steps, 2 collectives
+    assert values["gradcomp_sent_bytes_total"] == hook.stats()["total"]["bytes_sent"], values
+    return True
+
+
 def resumes_through_distributed_checkpoint(rank, world, path):
     """torch.distributed.checkpoint saves the model, the optimizer and the hook (every rank's residuals,
     each under its own key); a fresh job loads them and goes on bit for bit."""

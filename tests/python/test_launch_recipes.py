@@ -145,6 +145,10 @@ def test_the_kubernetes_manifests_pass_the_api_schema_strictly(tmp_path):
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     ports = {p["name"] for c in pod["spec"]["containers"] for p in c["ports"]}
     assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= ports
+    # Every local rank's port is declared and scraped: torchrun's --nproc-per-node of them.
+    nproc = int(re.search(r"--nproc-per-node (\d+)", pod["spec"]["containers"][0]["args"][0]).group(1))
+    metrics = {p for p in ports if p.startswith("metrics-")}
+    assert len(metrics) == nproc and {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} == metrics
     assert pod["spec"]["subdomain"] == service["metadata"]["name"] and service["spec"]["clusterIP"] == "None"
 
 

@@ -91,11 +91,9 @@ bool FsdpCollective::counted(const at::Tensor& t, uint64_t uncompressed,
   d.codec_seconds = seconds - d.comm_seconds;
   d.nonfinite_buckets = finite ? 0 : 1;
   d.observe_latency(seconds);
-  d.residual_bytes = residual_memory();
-  total_.residual_bytes = 0;  // a gauge: the latest value
-  step_.residual_bytes = 0;
   total_.add(d);
   step_.add(d);
+  total_.residual_bytes = step_.residual_bytes = residual_memory();  // a gauge: the latest value
   return finite;
 }
 
@@ -189,19 +187,15 @@ void FsdpReplicaAllreduce::make_collective(Communicator& comm, Backend& backend)
       call_core([&] { return std::make_unique<CompressedAllreduce>(comm, backend, config_); });
 }
 
-uint32_t FsdpReplicaAllreduce::next_step() const {
-  return round_.empty() ? collective_->step() : collective_->step() + 1;
-}
-
 CompressionState FsdpReplicaAllreduce::collective_state() const {
   CompressionState s = call_core([&] { return collective_->state(); });
-  s.step = next_step();
+  s.step = rounds_.next();
   return s;
 }
 
 void FsdpReplicaAllreduce::load_collective_state(const CompressionState& state) {
   call_core([&] { collective_->load_state(state); });
-  round_.clear();
+  rounds_.restart(state.step);
 }
 
 bool FsdpReplicaAllreduce::allreduce(const at::Tensor& tensor, uint64_t bucket_id) {
@@ -211,13 +205,10 @@ bool FsdpReplicaAllreduce::allreduce(const at::Tensor& tensor, uint64_t bucket_i
       tensor, ring_allreduce_bytes(tensor.numel(), dtype, world_size()),
       [&] {
         GRADCOMP_PHASE("gradcomp::hsdp_allreduce");
-        if (round_.count(bucket_id) != 0) {
-          collective_->advance_step();
-          round_.clear();
-        }
+        collective_->set_step(rounds_.step_for(bucket_id));
         const Segment whole = whole_segment(tensor);
         const bool finite = collective_->allreduce(&whole, 1, dtype, bucket_id);
-        round_.insert(bucket_id);
+        rounds_.done(bucket_id);
         return finite;
       },
       [&] { return collective_->step(); });

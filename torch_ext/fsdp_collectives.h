@@ -9,7 +9,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "gradcomp/gradcomp.h"
@@ -94,9 +93,8 @@ class FsdpReplicaAllreduce final : public FsdpCollective {
   CompressionState collective_state() const override;
   void load_collective_state(const CompressionState& state) override;
   uint64_t residual_memory() const override { return collective_->residual_memory(); }
-  uint32_t next_step() const;
   std::unique_ptr<CompressedAllreduce> collective_;
-  std::set<uint64_t> round_;
+  StepRounds rounds_;
 };
 
 }  // namespace torch_ext

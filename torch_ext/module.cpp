@@ -139,6 +139,17 @@ std::map<uint64_t, std::vector<uint8_t>> residual_map(const py::dict& d) {
   return m;
 }
 
+// An FSDP collective over `group` with the codec of `options` (Q4 or TopK).
+template <typename Collective>
+std::shared_ptr<Collective> make_fsdp_collective(py::object group, const py::dict& options) {
+  const EngineOptions o = call_core([&] { return engine_options(parse_codec(options)); });
+  GRADCOMP_TORCH_CHECK(o.compress,
+                       "FSDP's compressed collectives need a codec (Q4 or TopK); without "
+                       "compression use FSDP's own");
+  return std::make_shared<Collective>(group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>(),
+                                      o.config, parse_timeout(options));
+}
+
 // Destroyed without the GIL: the destructor joins the worker, which may be finishing a bucket
 // whose future runs (or drops) a Python callback of the standard route's then(), and needs it.
 // A deleter rather than pybind11 3's release_gil_before_calling_cpp_dtor, so that every torch's
@@ -342,22 +353,10 @@ PYBIND11_MODULE(_C, m) {
         s.step = d["step"].cast<uint32_t>();
         c.load_state(s);
       });
-  auto fsdp_config = [](const py::dict& options) {
-    const gradcomp::EngineOptions o =
-        call_core([&] { return gradcomp::engine_options(parse_codec(options)); });
-    GRADCOMP_TORCH_CHECK(o.compress,
-                         "FSDP's compressed collectives need a codec (Q4 or TopK); without "
-                         "compression use FSDP's own");
-    return o.config;
-  };
   py::class_<FsdpReduceScatter, FsdpCollective, std::shared_ptr<FsdpReduceScatter>>(
       m, "FsdpReduceScatter")
-      .def(py::init([fsdp_config](py::object group, const py::dict& options) {
-             return std::make_shared<FsdpReduceScatter>(
-                 group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>(), fsdp_config(options),
-                 parse_timeout(options));
-           }),
-           py::arg("process_group"), py::arg("options"))
+      .def(py::init(&make_fsdp_collective<FsdpReduceScatter>), py::arg("process_group"),
+           py::arg("options"))
       .def(
           "reduce_scatter",
           [](FsdpReduceScatter& rs, const at::Tensor& output, const at::Tensor& input,
@@ -368,12 +367,8 @@ PYBIND11_MODULE(_C, m) {
           py::arg("output"), py::arg("input"), py::arg("bucket"), py::arg("divisor"));
   py::class_<FsdpReplicaAllreduce, FsdpCollective, std::shared_ptr<FsdpReplicaAllreduce>>(
       m, "FsdpReplicaAllreduce")
-      .def(py::init([fsdp_config](py::object group, const py::dict& options) {
-             return std::make_shared<FsdpReplicaAllreduce>(
-                 group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>(), fsdp_config(options),
-                 parse_timeout(options));
-           }),
-           py::arg("process_group"), py::arg("options"))
+      .def(py::init(&make_fsdp_collective<FsdpReplicaAllreduce>), py::arg("process_group"),
+           py::arg("options"))
       .def(
           "allreduce",
           [](FsdpReplicaAllreduce& ar, const at::Tensor& tensor, uint64_t bucket) {

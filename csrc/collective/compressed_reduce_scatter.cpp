@@ -163,10 +163,7 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
     check_layout(b);
     b.layout_checked = true;
   }
-  if (round_.count(r.bucket_id) != 0) {
-    ++step_;
-    round_.clear();
-  }
+  const uint32_t step = rounds_.step_for(r.bucket_id);
   const int world = comm_.world_size();
   const size_t esize = dtype_size(r.dtype);
   const size_t rsize = dtype_size(config_.residual_dtype);
@@ -196,7 +193,7 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
     const size_t roff = static_cast<size_t>(b.shard) * row * rsize;
     const bool ef = config_.error_feedback;
     if (config_.codec == Codec::kQ4) {
-      math::RngKey key{config_.seed, step_, static_cast<uint32_t>(b.id),
+      math::RngKey key{config_.seed, step, static_cast<uint32_t>(b.id),
                        static_cast<uint32_t>(comm_.rank()), kFirstRowPhase + row};
       Q4EncodeParams e = detail::q4_encode_params(segments, num_segments, code, 0, b.shard,
                                                   config_.q4, key, payload);
@@ -263,12 +260,12 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
   }
   backend_.end_bucket(&pair, pairs);
   if (config_.error_feedback) b.current ^= 1;
-  round_.insert(r.bucket_id);
+  rounds_.done(r.bucket_id);
   return backend_.take_nonfinite_buckets() == 0;
 }
 
 uint32_t CompressedReduceScatter::next_step() const {
-  return round_.empty() ? step_ : step_ + 1;
+  return rounds_.next();
 }
 
 CompressionState CompressedReduceScatter::state() const {
@@ -293,8 +290,7 @@ void CompressedReduceScatter::load_state(const CompressionState& s) {
                  "checkpoint on rank " << comm_.rank()
                                        << " holds allreduce state (own-chunk residuals or "
                                           "velocities), not a reduce-scatter's");
-  step_ = s.step;
-  round_.clear();
+  rounds_.restart(s.step);
   buckets_.clear();
   pending_ = s;
 }

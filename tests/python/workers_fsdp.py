@@ -23,13 +23,22 @@ def make_model():
     return nn.Sequential(nn.Linear(20, 33), nn.ReLU(), nn.Linear(33, 47), nn.ReLU(), nn.Linear(47, 5))
 
 
-def shard(model, mp=None):
+def shard(model, mp=None, mesh=None):
     kwargs = {"mp_policy": mp} if mp is not None else {}
+    if mesh is not None:
+        kwargs["mesh"] = mesh
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model
+
+
+def hsdp_mesh():
+    """2 replicas x 2 shards of the 4 ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
 
 
 def batch(rank, step):
@@ -330,16 +339,10 @@ def hsdp_trains_like_the_reference(rank, world):
     """HSDP on 2 replicas x 2 shards: fully_shard over mesh["shard"] with FSDP's own reduce-scatter inside
     the replica, gradcomp's q4 allreduce across replicas; three steps equal the unsharded reference (the
     shard mean in fp32, then the two-phase q4 allreduce reference across replicas) bit for bit."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     from reference import Q4TwoPhase
 
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
-    model = make_model()
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh["shard"])
-    fully_shard(model, mesh=mesh["shard"])
+    mesh = hsdp_mesh()
+    model = shard(make_model(), mesh=mesh["shard"])
     replicate = mesh["replicate"].get_group()
     hook = gt.fsdp(model, gradcomp.Q4(seed=SEED), replicate_group=replicate)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -382,14 +385,9 @@ def metrics_count_each_step_once(rank, world):
     """FSDP's metrics with both collectives (reduce-scatter and replica all-reduce): one series per
     metric, steps counted once, the buckets of both."""
     from prometheus_client.parser import text_string_to_metric_families
-    from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
-    model = make_model()
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh["shard"])
-    fully_shard(model, mesh=mesh["shard"])
+    mesh = hsdp_mesh()
+    model = shard(make_model(), mesh=mesh["shard"])
     hook = gt.fsdp(model, gradcomp.Q4(seed=SEED), replicate_group=mesh["replicate"].get_group(),
                    reduce_scatter=True)
     train_losses(model, torch.optim.SGD(model.parameters(), lr=0.1), rank, 3)

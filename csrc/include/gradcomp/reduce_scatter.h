@@ -34,6 +34,32 @@ uint64_t compressed_reduce_scatter_bytes_sent(const CompressionConfig& config, i
 uint64_t reduce_scatter_residual_bytes(const CompressionConfig& config, int64_t shard_numel,
                                        int world);
 
+// Steps counted in rounds, for collectives whose caller reduces each bucket once per training step
+// in any order (FSDP's modules): a bucket reduced again in the current round starts the next
+// step. A reduction that fails is not done(), so redoing it stays in its step.
+class StepRounds {
+ public:
+  // The step a reduction of `bucket` belongs to, starting the next one when it repeats.
+  uint32_t step_for(uint64_t bucket) {
+    if (round_.count(bucket) != 0) {
+      ++step_;
+      round_.clear();
+    }
+    return step_;
+  }
+  void done(uint64_t bucket) { round_.insert(bucket); }
+  // The step the next new round uses, as a checkpoint records it.
+  uint32_t next() const { return round_.empty() ? step_ : step_ + 1; }
+  void restart(uint32_t next_step) {
+    step_ = next_step;
+    round_.clear();
+  }
+
+ private:
+  uint32_t step_ = 0;
+  std::set<uint64_t> round_;  // buckets reduced in the current step
+};
+
 // Reduce-scatters buckets through q4 or top-k payloads, with an error-feedback residual per bucket
 // (each row is compressed on its own: q4 blocks start at the row's first element, random bits are
 // keyed by the row; top-k keeps the k = ratio * shard_numel largest of each row). The codecs and
@@ -80,8 +106,7 @@ class CompressedReduceScatter {
   Communicator& comm_;
   Backend& backend_;
   CompressionConfig config_;
-  uint32_t step_ = 0;
-  std::set<uint64_t> round_;  // buckets reduced in the current step
+  StepRounds rounds_;
   std::map<uint64_t, std::unique_ptr<Bucket>> buckets_;
   CompressionState pending_;  // loaded residuals of buckets not yet seen
 };

@@ -39,7 +39,7 @@ if [ "$torch_ok" = 1 ]; then
   CMAKE_CUDA_ARCHITECTURES=90 GRADCOMP_BUILD_DIR="$root/build-gpu-python" \
     python3 -m pip install -q --no-build-isolation --no-deps -e . > "$out/pip.log" 2>&1 || { tail -20 "$out/pip.log"; status=1; }
   echo "torch layer: $(( $(date +%s) - t0 )) s"
-  for t in "test_gpu_hook.py" "test_shared_device.py -k cuda" "test_fsdp.py -k cuda"; do
+  for t in "test_gpu_hook.py" "test_shared_device.py -k cuda" "test_fsdp.py -k cuda" "test_diloco.py -k cuda"; do
     log="$out/pytest-$(echo "$t" | cut -d. -f1).log"
     # shellcheck disable=SC2086  # $t carries the file and its -k filter
     PYTHONUNBUFFERED=1 timeout 240 python3 -m pytest tests/python/$t -q -rs 2>&1 | tee "$log" | tail -4 || true

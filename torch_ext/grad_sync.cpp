@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "gradcomp/torch.h"
+#include "parameter_agreement.h"
 #include "process_group_communicator.h"
 #include "profiled_backend.h"
 #include "tensor_params.h"
@@ -86,8 +87,6 @@ struct GradSync::Impl {
        GradSyncOptions options);
   ~Impl();
 
-  void check_same_model_on_every_rank();
-  void broadcast_parameters();
   void assign_buckets();
   void install_hooks();
   void on_gradient(int64_t position);
@@ -195,8 +194,8 @@ GradSync::Impl::Impl(std::vector<at::Tensor> parameters, std::vector<std::string
                    "GradSync: " << describe(names_[i], i, p) << " is not a dense tensor");
     torch_ext::to_dtype(p.scalar_type(), "GradSync parameter");
   }
-  check_same_model_on_every_rank();
-  if (options_.broadcast_parameters) broadcast_parameters();
+  torch_ext::check_same_model_on_every_rank(params_, *group_, device_, "GradSync");
+  if (options_.broadcast_parameters) torch_ext::broadcast_parameters(params_, *group_);
   assign_buckets();
 
   EngineOptions engine_opts = engine_options(codec);
@@ -259,52 +258,6 @@ GradSync::Impl::~Impl() {
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
   // Buckets still in flight end before the buffers, transport and backend go.
   engine_.reset();
-}
-
-void GradSync::Impl::check_same_model_on_every_rank() {
-  // Parameter count, total size and a hash of every shape and dtype, gathered from every rank.
-  uint64_t h = 1469598103934665603ull;
-  int64_t total = 0;
-  auto mix = [&](uint64_t v) {
-    h ^= v;
-    h *= 1099511628211ull;
-  };
-  for (const at::Tensor& p : params_) {
-    mix(static_cast<uint64_t>(p.scalar_type()));
-    mix(static_cast<uint64_t>(p.dim()));
-    for (int64_t d : p.sizes()) mix(static_cast<uint64_t>(d));
-    total += p.numel();
-  }
-  const int world = group_->getSize();
-  at::Tensor mine = at::tensor({static_cast<int64_t>(params_.size()), total,
-                                static_cast<int64_t>(h & 0x7FFFFFFFFFFFFFFFull)},
-                               at::TensorOptions().dtype(at::kLong))
-                        .to(device_);
-  std::vector<std::vector<at::Tensor>> all(1);
-  for (int w = 0; w < world; ++w) all[0].push_back(at::empty_like(mine));
-  std::vector<at::Tensor> in = {mine};
-  group_->allgather(all, in)->wait();
-  const at::Tensor ref = all[0][0].cpu();
-  for (int w = 1; w < world; ++w) {
-    const at::Tensor other = all[0][w].cpu();
-    if (at::equal(other, ref)) continue;
-    GRADCOMP_CHECK(false, "GradSync: rank " << w << " has " << other[0].item<int64_t>()
-                                            << " parameters of " << other[1].item<int64_t>()
-                                            << " elements, rank 0 has " << ref[0].item<int64_t>()
-                                            << " of " << ref[1].item<int64_t>()
-                                            << (other[0].item<int64_t>() == ref[0].item<int64_t>()
-                                                    ? " (shapes or dtypes differ)"
-                                                    : "")
-                                            << "; every rank must build the same model");
-  }
-}
-
-void GradSync::Impl::broadcast_parameters() {
-  at::NoGradGuard no_grad;
-  for (at::Tensor& p : params_) {
-    std::vector<at::Tensor> t = {p.detach()};
-    group_->broadcast(t)->wait();
-  }
 }
 
 void GradSync::Impl::assign_buckets() {

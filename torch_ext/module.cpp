@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include "ddp_hook.h"
+#include "diloco_state.h"
 #include "fsdp_collectives.h"
 #include "tensor_params.h"
 
@@ -316,6 +317,67 @@ PYBIND11_MODULE(_C, m) {
         d["step"] = stats_dict(st.step);
         d["total"] = stats_dict(st.total);
         return d;
+      });
+  // DiLoCo (gradcomp/diloco.py wraps it around a model and its optimizer).
+  py::class_<gradcomp::DiLoCo>(m, "DiLoCo")
+      .def(py::init([](std::vector<at::Tensor> params, py::object group, const py::dict& options) {
+             auto pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+             gradcomp::DiLoCoOptions o;
+             o.outer.inner_steps = options["inner_steps"].cast<uint32_t>();
+             o.outer.outer_lr = options["outer_lr"].cast<float>();
+             o.outer.outer_momentum = options["outer_momentum"].cast<float>();
+             o.outer.nesterov = options["nesterov"].cast<bool>();
+             o.outer.fragments = options["fragments"].cast<uint32_t>();
+             o.collective_timeout = parse_timeout(options);
+             if (!options["intra_node"].is_none()) {
+               o.node_groups.intra_node =
+                   options["intra_node"].cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+               o.node_groups.inter_node =
+                   options["inter_node"].cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+             }
+             const gradcomp::CodecSpec codec = parse_codec(options);
+             py::gil_scoped_release release;  // the constructor broadcasts over the group
+             return call_core(
+                 [&] { return std::make_unique<gradcomp::DiLoCo>(params, pg, codec, o); });
+           }),
+           py::arg("parameters"), py::arg("process_group"), py::arg("options"))
+      .def("step",
+           [](gradcomp::DiLoCo& d) {
+             py::gil_scoped_release release;
+             return call_core([&] { return d.step(); });
+           })
+      .def("fragments", &gradcomp::DiLoCo::fragments)
+      .def("stats",
+           [](const gradcomp::DiLoCo& d) {
+             const gradcomp::OuterSyncStats s = d.stats();
+             py::dict out;
+             out["inner_steps"] = s.inner_steps;
+             out["rounds"] = s.rounds;
+             out["nonfinite_rounds"] = s.nonfinite_rounds;
+             out["bytes_sent"] = s.bytes_sent;
+             out["uncompressed_bytes"] = s.uncompressed_bytes;
+             out["ratio"] =
+                 s.bytes_sent > 0 ? static_cast<double>(s.uncompressed_bytes) / s.bytes_sent : 0.0;
+             out["seconds"] = s.seconds;
+             return out;
+           })
+      .def("state_dict",
+           [](const gradcomp::DiLoCo& d) {
+             py::dict out;
+             for (const auto& kv : outer_state_tensors(d.state(), d.world_size()))
+               out[py::str(kv.first)] = kv.second;
+             return out;
+           })
+      .def("load_state_dict", [](gradcomp::DiLoCo& d, const py::dict& state) {
+        const gradcomp::OuterSyncState s = call_core([&] {
+          return outer_state_from_tensors(
+              [&](const std::string& name) {
+                GRADCOMP_CHECK(state.contains(name), "DiLoCo state_dict has no '" << name << "'");
+                return state[py::str(name)].cast<at::Tensor>();
+              },
+              d.world_size());
+        });
+        call_core([&] { d.load_state(s); });
       });
   // FSDP2's custom reduce-scatter and HSDP's all-reduce hook (gradcomp/fsdp.py adapts FSDP's
   // interfaces to them).

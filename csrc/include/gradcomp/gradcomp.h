@@ -10,6 +10,7 @@
 #include "gradcomp/format.h"
 #include "gradcomp/inprocess_group.h"
 #include "gradcomp/launch_env.h"
+#include "gradcomp/outer_sync.h"
 #include "gradcomp/reduce_scatter.h"
 #include "gradcomp/shm_communicator.h"
 #include "gradcomp/types.h"

@@ -153,4 +153,61 @@ torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& arc
                                             const GradSync& sync);
 torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive, GradSync& sync);
 
+struct DiLoCoOptions {
+  // H, the outer optimizer (Nesterov SGD, lr 0.7, momentum 0.9) and streaming fragments.
+  OuterSyncOptions outer;
+  // Copies rank 0's parameter values to every rank when the DiLoCo is made (DiLoCo needs one
+  // start everywhere).
+  bool broadcast_parameters = true;
+  // The longest one collective may take (0: the process group's timeout).
+  std::chrono::milliseconds collective_timeout{0};
+  // Ranks per node for the hierarchical allreduce of the outer gradient (as GradSync's).
+  int local_world_size = 1;
+  NodeProcessGroups node_groups;
+};
+
+// DiLoCo: every rank trains with its own optimizer, and every H inner steps the outer gradient
+// (the parameters at the round's start minus now) is averaged through gradcomp's compressed
+// allreduce and an outer Nesterov SGD moves the shared parameters (gradcomp::OuterSync):
+//
+//   gradcomp::DiLoCo diloco(model->parameters(), group, gradcomp::Q4{}, options);
+//   for (...) { loss.backward(); optimizer.step(); diloco.step(); }
+//
+// No gradient is synchronised between rounds: the model is not wrapped in GradSync or DDP. The
+// outer state (fp32 anchors and momenta) is kept in host memory.
+class DiLoCo {
+ public:
+  DiLoCo(std::vector<at::Tensor> parameters, c10::intrusive_ptr<c10d::ProcessGroup> group,
+         CodecSpec codec = Q4{}, DiLoCoOptions options = {});
+  DiLoCo(const torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGroup> group,
+         CodecSpec codec = Q4{}, DiLoCoOptions options = {});
+  ~DiLoCo();
+  DiLoCo(const DiLoCo&) = delete;
+  DiLoCo& operator=(const DiLoCo&) = delete;
+
+  // After each inner optimizer step: counts it and syncs the fragments due (returns how many).
+  int step();
+  OuterSyncStats stats() const;
+  // The parameter positions of each fragment, in order.
+  std::vector<std::vector<int64_t>> fragments() const;
+  int rank() const;
+  int world_size() const;
+
+  // Anchors, momenta, round counters and the allreduce's residuals (each rank saves its own; the
+  // model and inner optimizer are saved by the program, as usual).
+  OuterSyncState state() const;
+  void load_state(const OuterSyncState& state);
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
+                                            const DiLoCo& diloco);
+torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive, DiLoCo& diloco);
+
 }  // namespace gradcomp

@@ -1,0 +1,241 @@
+// DiLoCo's outer rounds over the compressed allreduce: fragments, their schedule, the outer step.
+#include "gradcomp/outer_sync.h"
+
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "backend_buffer.h"
+#include "math/half.h"
+#include "math/outer_math.h"
+
+namespace gradcomp {
+
+void OuterSyncOptions::validate() const {
+  GRADCOMP_CHECK(inner_steps >= 1, "DiLoCo inner_steps must be at least 1, got " << inner_steps);
+  GRADCOMP_CHECK(outer_lr > 0.0f && outer_lr == outer_lr,
+                 "DiLoCo outer_lr must be positive, got " << outer_lr);
+  GRADCOMP_CHECK(outer_momentum >= 0.0f && outer_momentum < 1.0f,
+                 "DiLoCo outer_momentum must be in [0, 1), got " << outer_momentum);
+  GRADCOMP_CHECK(!nesterov || outer_momentum > 0.0f,
+                 "DiLoCo nesterov needs outer_momentum > 0 (as torch.optim.SGD's does)");
+  GRADCOMP_CHECK(
+      fragments >= 1 && fragments <= inner_steps,
+      "DiLoCo fragments must be in [1, inner_steps = " << inner_steps << "], got " << fragments);
+}
+
+struct OuterSync::Fragment {
+  int64_t first = 0, end = 0;  // parameter indices [first, end)
+  int64_t numel = 0;
+  uint32_t round = 0;
+  std::vector<float> anchor, momentum;
+  detail::BackendBuffer gradient;  // the outer gradient, fp32, in the backend's memory
+};
+
+OuterSync::OuterSync(Communicator& comm, Backend& backend, const CompressionConfig& config,
+                     const OuterSyncOptions& options, std::vector<OuterParam> params)
+    : backend_(backend), options_(options) {
+  options_.validate();
+  allreduce_ = std::make_unique<CompressedAllreduce>(comm, backend, config);
+  world_ = comm.world_size();
+  init(std::move(params));
+}
+
+OuterSync::OuterSync(NodeGroups groups, Backend& backend, const CompressionConfig& config,
+                     const OuterSyncOptions& options, std::vector<OuterParam> params)
+    : backend_(backend), options_(options) {
+  options_.validate();
+  GRADCOMP_CHECK(groups.intra_node != nullptr && groups.inter_node != nullptr,
+                 "DiLoCo's hierarchical allreduce needs both node groups");
+  allreduce_ = std::make_unique<CompressedAllreduce>(groups, backend, config);
+  world_ = groups.intra_node->world_size() * groups.inter_node->world_size();
+  nodes_ = groups.inter_node->world_size();
+  init(std::move(params));
+}
+
+OuterSync::~OuterSync() = default;
+
+void OuterSync::init(std::vector<OuterParam> params) {
+  GRADCOMP_CHECK(allreduce_->config().remedies.momentum == 0.0f,
+                 "DiLoCo: TopK momentum correction does not apply to outer gradients (the outer "
+                 "optimizer has its own momentum); use TopK(momentum=0)");
+  GRADCOMP_CHECK(params.size() >= options_.fragments,
+                 "DiLoCo fragments = " << options_.fragments << " but only " << params.size()
+                                       << " parameter tensors to split among them");
+  int64_t total = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    GRADCOMP_CHECK(params[i].numel > 0 && params[i].data != nullptr,
+                   "DiLoCo parameter " << i << " is empty or has no memory");
+    total += params[i].numel;
+  }
+  params_ = std::move(params);
+  // Contiguous fragments cut where the running count first reaches f / F of the elements, each
+  // holding at least one tensor.
+  const int64_t n = static_cast<int64_t>(params_.size());
+  const int64_t count = options_.fragments;
+  fragments_.resize(static_cast<size_t>(count));
+  int64_t i = 0, seen = 0;
+  for (int64_t f = 0; f < count; ++f) {
+    Fragment& fr = fragments_[static_cast<size_t>(f)];
+    fr.first = i;
+    const int64_t target = total / count * (f + 1) + (f + 1 == count ? total % count : 0);
+    do {
+      seen += params_[static_cast<size_t>(i)].numel;
+      fr.numel += params_[static_cast<size_t>(i)].numel;
+      ++i;
+    } while (i < n - (count - 1 - f) && seen < target);
+    if (f + 1 == count) {
+      for (; i < n; ++i) fr.numel += params_[static_cast<size_t>(i)].numel;
+    }
+    fr.end = i;
+    fr.momentum.assign(static_cast<size_t>(fr.numel), 0.0f);
+    read_params(fr, fr.anchor);
+    fr.gradient = detail::BackendBuffer(backend_, static_cast<size_t>(fr.numel) * sizeof(float));
+  }
+}
+
+uint32_t OuterSync::fragments() const {
+  return static_cast<uint32_t>(fragments_.size());
+}
+
+std::vector<int64_t> OuterSync::fragment_params(uint32_t fragment) const {
+  GRADCOMP_CHECK(fragment < fragments_.size(),
+                 "DiLoCo fragment " << fragment << " of " << fragments_.size());
+  std::vector<int64_t> out;
+  for (int64_t i = fragments_[fragment].first; i < fragments_[fragment].end; ++i) out.push_back(i);
+  return out;
+}
+
+bool OuterSync::due(uint32_t fragment, uint64_t t) const {
+  const uint64_t h = options_.inner_steps;
+  const uint64_t offset = uint64_t{fragment} * h / fragments_.size();
+  return t >= 1 && t % h == offset;
+}
+
+int OuterSync::step() {
+  ++inner_step_;
+  ++stats_.inner_steps;
+  int synced = 0;
+  for (uint32_t f = 0; f < fragments_.size(); ++f) {
+    if (!due(f, inner_step_)) continue;
+    sync_fragment(f);
+    ++synced;
+  }
+  return synced;
+}
+
+void OuterSync::read_params(const Fragment& f, std::vector<float>& out) const {
+  out.resize(static_cast<size_t>(f.numel));
+  std::vector<uint8_t> staged;
+  int64_t at = 0;
+  for (int64_t i = f.first; i < f.end; ++i) {
+    const OuterParam& p = params_[static_cast<size_t>(i)];
+    const void* src = p.data;
+    if (backend_.is_cuda()) {
+      staged.resize(static_cast<size_t>(p.numel) * dtype_size(p.dtype));
+      backend_.copy_to_host(staged.data(), p.data, staged.size());
+      src = staged.data();
+    }
+    const auto code = static_cast<uint8_t>(p.dtype);
+    for (int64_t e = 0; e < p.numel; ++e)
+      out[static_cast<size_t>(at + e)] = math::load_as_float(src, e, code);
+    at += p.numel;
+  }
+}
+
+void OuterSync::write_params(const Fragment& f, const std::vector<float>& values) {
+  std::vector<uint8_t> staged;
+  int64_t at = 0;
+  for (int64_t i = f.first; i < f.end; ++i) {
+    const OuterParam& p = params_[static_cast<size_t>(i)];
+    const auto code = static_cast<uint8_t>(p.dtype);
+    void* dst = p.data;
+    if (backend_.is_cuda()) {
+      staged.resize(static_cast<size_t>(p.numel) * dtype_size(p.dtype));
+      dst = staged.data();
+    }
+    for (int64_t e = 0; e < p.numel; ++e)
+      math::store_from_float(dst, e, code, values[static_cast<size_t>(at + e)]);
+    if (backend_.is_cuda()) backend_.copy_from_host(p.data, staged.data(), staged.size());
+    at += p.numel;
+  }
+}
+
+void OuterSync::sync_fragment(uint32_t index) {
+  GRADCOMP_CHECK(index < fragments_.size(),
+                 "DiLoCo fragment " << index << " of " << fragments_.size());
+  const auto start = std::chrono::steady_clock::now();
+  Fragment& f = fragments_[index];
+  const size_t n = static_cast<size_t>(f.numel);
+  std::vector<float> params;
+  read_params(f, params);
+  // The outer gradient, in place of the parameters' copy.
+  for (size_t e = 0; e < n; ++e) params[e] = math::outer_gradient(f.anchor[e], params[e]);
+  std::vector<float>& g = params;
+  float* device_g = reinterpret_cast<float*>(f.gradient.get());
+  if (backend_.is_cuda()) {
+    backend_.copy_from_host(device_g, g.data(), n * sizeof(float));
+  } else {
+    std::memcpy(device_g, g.data(), n * sizeof(float));
+  }
+  allreduce_->set_step(f.round);
+  const Segment segment{device_g, 0, f.numel};
+  const bool finite = allreduce_->allreduce(&segment, 1, DType::kFloat32, index);
+  stats_.bytes_sent +=
+      nodes_ > 0
+          ? inter_node_bytes_sent(allreduce_->config(), f.numel, nodes_, world_ / nodes_, f.round) +
+                intra_node_bytes_sent(f.numel, DType::kFloat32, world_ / nodes_, backend_.is_cuda())
+          : compressed_allreduce_bytes_sent(allreduce_->config(), f.numel, world_, f.round);
+  stats_.uncompressed_bytes +=
+      world_ > 1 ? 2 * uint64_t(world_ - 1) * uint64_t(f.numel) * sizeof(float) / world_ : 0;
+  ++stats_.rounds;
+  if (finite) {
+    if (backend_.is_cuda()) {
+      backend_.copy_to_host(g.data(), device_g, n * sizeof(float));
+    } else {
+      std::memcpy(g.data(), device_g, n * sizeof(float));
+    }
+    for (size_t e = 0; e < n; ++e)
+      f.anchor[e] = math::outer_sgd(f.anchor[e], g[e], &f.momentum[e], options_.outer_lr,
+                                    options_.outer_momentum, options_.nesterov);
+    ++f.round;
+  } else {
+    ++stats_.nonfinite_rounds;
+  }
+  write_params(f, f.anchor);
+  stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+OuterSyncState OuterSync::state() const {
+  OuterSyncState s;
+  s.inner_step = inner_step_;
+  for (const Fragment& f : fragments_) {
+    s.rounds.push_back(f.round);
+    s.anchors.push_back(f.anchor);
+    s.momenta.push_back(f.momentum);
+  }
+  s.compression = allreduce_->state();
+  return s;
+}
+
+void OuterSync::load_state(const OuterSyncState& s) {
+  const size_t count = fragments_.size();
+  GRADCOMP_CHECK(s.rounds.size() == count && s.anchors.size() == count && s.momenta.size() == count,
+                 "DiLoCo state has " << s.anchors.size() << " fragments, this run has " << count);
+  for (size_t f = 0; f < count; ++f) {
+    const size_t n = static_cast<size_t>(fragments_[f].numel);
+    GRADCOMP_CHECK(s.anchors[f].size() == n && s.momenta[f].size() == n,
+                   "DiLoCo state's fragment " << f << " holds " << s.anchors[f].size()
+                                              << " elements, this run's holds " << n
+                                              << " (another model or fragment split)");
+  }
+  allreduce_->load_state(s.compression);
+  inner_step_ = s.inner_step;
+  for (size_t f = 0; f < count; ++f) {
+    fragments_[f].round = s.rounds[f];
+    fragments_[f].anchor = s.anchors[f];
+    fragments_[f].momentum = s.momenta[f];
+  }
+}
+
+}  // namespace gradcomp

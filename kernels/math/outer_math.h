@@ -1,0 +1,27 @@
+// DiLoCo's outer step per element: the outer gradient and the outer optimizer's Nesterov SGD.
+#pragma once
+
+#include "float_ops.h"
+
+namespace gradcomp {
+namespace math {
+
+// The outer gradient of one element: where the round started minus where the inner steps went.
+GRADCOMP_HD float outer_gradient(float anchor, float param) {
+  return sub_rn(anchor, param);
+}
+
+// SGD with momentum on the averaged outer gradient g, as torch.optim.SGD computes it (dampening
+// 0; a zero-initialised buffer gives its first step's buffer = g): buf = momentum * buf + g, the
+// update is g + momentum * buf with Nesterov and buf without; returns the new anchor
+// anchor - lr * update and updates *buf.
+GRADCOMP_HD float outer_sgd(float anchor, float g, float* buf, float lr, float momentum,
+                            bool nesterov) {
+  const float b = add_rn(mul_rn(*buf, momentum), g);
+  *buf = b;
+  const float update = nesterov ? add_rn(g, mul_rn(b, momentum)) : b;
+  return sub_rn(anchor, mul_rn(update, lr));
+}
+
+}  // namespace math
+}  // namespace gradcomp

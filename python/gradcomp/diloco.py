@@ -1,0 +1,95 @@
+"""DiLoCo: H local steps per rank, then the outer gradient in 4 bits through gradcomp's compressed allreduce.
+
+``diloco = gradcomp.torch.diloco(model, optimizer, gradcomp.Q4(), inner_steps=100)`` leaves the model
+unwrapped (no DDP: no gradient is synchronised between rounds) and hooks the optimizer's ``step``: after
+every H-th inner step, each rank's outer gradient (its parameters at the round's start minus now) is
+averaged through the compressed allreduce (two-phase q4, error feedback across rounds, hierarchical with
+``local_world_size``), and an outer Nesterov SGD (lr 0.7, momentum 0.9, as the DiLoCo papers) moves the
+parameters every rank then shares. The rounds are the core's (``gradcomp::OuterSync``); the C++ front
+end is ``gradcomp::DiLoCo``; this module only adapts them to a model and an optimizer.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+from .codecs import NoCompression, Q4, TopK
+from .ddp import node_groups
+
+__all__ = ["diloco", "DiLoCo"]
+
+
+def _positive_int(name, value, low=1):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+class DiLoCo:
+    """The outer rounds of one model. ``step()`` after each inner optimizer step (done for you when an
+    optimizer was given); ``stats()``; ``state_dict()`` / ``load_state_dict()`` (this rank's: anchors,
+    outer momentum, round counters, residuals; save the model and the inner optimizer beside it)."""
+
+    def __init__(self, params, optimizer=None, codec=None, *, inner_steps=100, outer_lr=0.7, outer_momentum=0.9,
+                 nesterov=True, fragments=1, process_group=None, local_world_size=1, timeout=None):
+        codec = Q4() if codec is None else codec
+        if isinstance(codec, NoCompression) or not isinstance(codec, (Q4, TopK)):
+            raise ValueError(f"gradcomp DiLoCo sends outer gradients compressed: pass gradcomp.Q4 or gradcomp.TopK, "
+                             f"got {codec!r}")
+        _positive_int("inner_steps", inner_steps)
+        _positive_int("fragments", fragments)
+        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.params = list(params)
+        if not self.params:
+            raise ValueError("gradcomp DiLoCo: no parameters")
+        for i, p in enumerate(self.params):
+            if not isinstance(p, torch.Tensor) or type(p.data) is not torch.Tensor:
+                raise ValueError(f"gradcomp DiLoCo: parameter {i} is a {type(p.data).__name__}, not a plain tensor "
+                                 f"(DiLoCo replaces DDP and FSDP: do not wrap the model)")
+        self.codec = codec
+        self.process_group = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
+        intra, inter = node_groups(self.process_group, local_world_size)
+        options = {**codec._options(), "inner_steps": inner_steps, "outer_lr": float(outer_lr),
+                   "outer_momentum": float(outer_momentum), "nesterov": bool(nesterov), "fragments": fragments,
+                   "timeout": timeout, "intra_node": intra, "inter_node": inter}
+        self._native = _C.DiLoCo([p.detach() for p in self.params], self.process_group, options)
+        self._handle = optimizer.register_step_post_hook(lambda *_: self.step()) if optimizer is not None else None
+
+    def step(self) -> int:
+        """Counts one inner step and syncs the fragments due; returns how many synced."""
+        with torch.no_grad():
+            return self._native.step()
+
+    def fragments(self):
+        """The parameter positions of each fragment (streaming DiLoCo), in order."""
+        return self._native.fragments()
+
+    def stats(self) -> dict:
+        return self._native.stats()
+
+    def state_dict(self) -> dict:
+        return self._native.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self._native.load_state_dict(state)
+
+    def remove(self) -> None:
+        """Stops syncing on the optimizer's steps."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+
+def diloco(model, optimizer=None, codec=None, **options) -> DiLoCo:
+    """DiLoCo over ``model`` (a module, or its parameters) with ``optimizer`` as the inner optimizer.
+
+    Every rank must call it (it broadcasts rank 0's parameters). Options: ``inner_steps`` (H, 100),
+    ``outer_lr`` (0.7), ``outer_momentum`` (0.9), ``nesterov`` (True), ``fragments`` (1; streaming: the
+    parameters in this many fragments whose rounds are staggered), ``process_group``, ``local_world_size``
+    (ranks per node for the hierarchical allreduce; None: the launcher's), ``timeout`` (seconds).
+    """
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise ValueError("gradcomp DiLoCo replaces DDP: pass the unwrapped model (DDP would average every step)")
+    params = model.parameters() if isinstance(model, torch.nn.Module) else model
+    return DiLoCo(params, optimizer, codec, **options)

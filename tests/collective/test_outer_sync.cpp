@@ -1,0 +1,286 @@
+// DiLoCo's outer rounds with in-process ranks: equality with the compressed allreduce of the
+// outer gradients and an outer Nesterov step written out here, schedule, fragments, non-finite
+// rounds, checkpoints and refusals.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gradcomp/cpu.h"
+#include "gradcomp/inprocess_group.h"
+#include "gradcomp/outer_sync.h"
+#include "run_ranks.h"
+
+namespace gradcomp {
+namespace {
+
+using testing::run_ranks;
+
+CompressionConfig q4_config() {
+  CompressionConfig c;
+  c.seed = 5;
+  return c;
+}
+
+// Inner "training" of rank r at step t: a deterministic drift of every element.
+float drift(int rank, uint64_t t, size_t e) {
+  return 0.01f * static_cast<float>((rank + 1) * ((e * 7 + t * 3) % 11)) - 0.04f;
+}
+
+// Writing each product to a volatile keeps the compiler from fusing it with the add.
+float sgd_reference(float anchor, float g, float* buf, float lr, float mu) {
+  volatile float p = *buf * mu;
+  const float b = p + g;
+  *buf = b;
+  volatile float q = b * mu;
+  const float update = g + q;
+  volatile float r = update * lr;
+  return anchor - r;
+}
+
+struct Ranks {
+  explicit Ranks(int world, std::vector<int64_t> sizes) : world(world), sizes(std::move(sizes)) {
+    for (int r = 0; r < world; ++r) {
+      params.emplace_back();
+      for (int64_t n : this->sizes) {
+        std::vector<float> p(static_cast<size_t>(n));
+        for (size_t e = 0; e < p.size(); ++e) p[e] = std::sin(static_cast<float>(e) * 0.37f);
+        params.back().push_back(p);
+      }
+    }
+  }
+  std::vector<OuterParam> outer_params(int rank) {
+    std::vector<OuterParam> out;
+    for (auto& p : params[rank])
+      out.push_back({p.data(), static_cast<int64_t>(p.size()), DType::kFloat32});
+    return out;
+  }
+  void inner_step(int rank, uint64_t t) {
+    for (auto& p : params[rank])
+      for (size_t e = 0; e < p.size(); ++e) p[e] += drift(rank, t, e);
+  }
+  int world;
+  std::vector<int64_t> sizes;
+  std::vector<std::vector<std::vector<float>>> params;  // [rank][tensor][element]
+};
+
+TEST(OuterSync, RoundsEqualTheAllreduceOfOuterGradientsAndNesterovSgd) {
+  const int world = 3;
+  const uint32_t h = 4;
+  Ranks ranks(world, {300, 150});
+  Ranks mirror = ranks;  // the reference's own copy of every rank's parameters
+  OuterSyncOptions o;
+  o.inner_steps = h;
+  InProcessGroup group(world), ref_group(world);
+  run_ranks(group, [&](int r, Communicator& comm) {
+    auto backend = make_cpu_backend();
+    OuterSync sync(comm, *backend, q4_config(), o, ranks.outer_params(r));
+    for (uint64_t t = 1; t <= 3 * h; ++t) {
+      ranks.inner_step(r, t);
+      EXPECT_EQ(sync.step(), t % h == 0 ? 1 : 0);
+    }
+    EXPECT_EQ(sync.stats().rounds, 3u);
+    uint64_t bytes = 0;
+    for (uint32_t round = 0; round < 3; ++round)
+      bytes += compressed_allreduce_bytes_sent(q4_config(), 450, world, round);
+    EXPECT_EQ(sync.stats().bytes_sent, bytes);
+    EXPECT_EQ(sync.stats().uncompressed_bytes, 3u * 2 * 2 * 450 * 4 / 3);
+  });
+  run_ranks(ref_group, [&](int r, Communicator& comm) {
+    auto backend = make_cpu_backend();
+    CompressedAllreduce allreduce(comm, *backend, q4_config());
+    std::vector<float> anchor, buf(450, 0.0f);
+    for (auto& p : mirror.params[r]) anchor.insert(anchor.end(), p.begin(), p.end());
+    for (uint32_t round = 0; round < 3; ++round) {
+      for (uint64_t t = round * h + 1; t <= (round + 1) * h; ++t) mirror.inner_step(r, t);
+      std::vector<float> g(450);
+      size_t at = 0;
+      for (auto& p : mirror.params[r])
+        for (float v : p) {
+          g[at] = anchor[at] - v;
+          ++at;
+        }
+      allreduce.set_step(round);
+      const Segment s{g.data(), 0, 450};
+      ASSERT_TRUE(allreduce.allreduce(&s, 1, DType::kFloat32, 0));
+      for (size_t e = 0; e < 450; ++e)
+        anchor[e] = sgd_reference(anchor[e], g[e], &buf[e], 0.7f, 0.9f);
+      at = 0;
+      for (auto& p : mirror.params[r])
+        for (float& v : p) v = anchor[at++];
+    }
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(ranks.params[r], mirror.params[r]) << "rank " << r;
+    EXPECT_EQ(ranks.params[r], ranks.params[0]) << "rank " << r << " differs from rank 0";
+  }
+  EXPECT_NE(ranks.params[0][0][0], std::sin(0.0f));
+}
+
+TEST(OuterSync, FragmentsSplitTheParametersAndSyncStaggered) {
+  const int world = 2;
+  Ranks ranks(world, {100, 100, 100, 100});
+  OuterSyncOptions o;
+  o.inner_steps = 6;
+  o.fragments = 2;
+  InProcessGroup group(world);
+  run_ranks(group, [&](int r, Communicator& comm) {
+    auto backend = make_cpu_backend();
+    OuterSync sync(comm, *backend, q4_config(), o, ranks.outer_params(r));
+    EXPECT_EQ(sync.fragment_params(0), (std::vector<int64_t>{0, 1}));
+    EXPECT_EQ(sync.fragment_params(1), (std::vector<int64_t>{2, 3}));
+    std::vector<uint64_t> synced_at;
+    for (uint64_t t = 1; t <= 12; ++t) {
+      ranks.inner_step(r, t);
+      if (sync.step() > 0) synced_at.push_back(t);
+      // Only the fragment that synced is shared: after step 3 tensors 2 and 3 agree, 0 and 1 not.
+      if (t == 3 && r == 1) {
+        EXPECT_NE(ranks.params[0][0], ranks.params[1][0]);
+      }
+    }
+    EXPECT_EQ(synced_at, (std::vector<uint64_t>{3, 6, 9, 12}));
+    EXPECT_EQ(sync.stats().rounds, 4u);
+  });
+  // Step 12 synced fragment 0; fragment 1 has trained three steps on its own since step 9.
+  EXPECT_EQ(ranks.params[0][0], ranks.params[1][0]);
+  EXPECT_EQ(ranks.params[0][1], ranks.params[1][1]);
+  EXPECT_NE(ranks.params[0][2], ranks.params[1][2]);
+}
+
+TEST(OuterSync, NonFiniteMeanResetsToTheAnchorOnEveryRankAndKeepsTheState) {
+  const int world = 2;
+  Ranks ranks(world, {200});
+  const std::vector<float> start = ranks.params[0][0];
+  OuterSyncOptions o;
+  o.inner_steps = 2;
+  InProcessGroup group(world);
+  run_ranks(group, [&](int r, Communicator& comm) {
+    auto backend = make_cpu_backend();
+    OuterSync sync(comm, *backend, q4_config(), o, ranks.outer_params(r));
+    const OuterSyncState before = sync.state();
+    ranks.inner_step(r, 1);
+    sync.step();
+    ranks.inner_step(r, 2);
+    if (r == 1) ranks.params[1][0][17] = NAN;
+    EXPECT_EQ(sync.step(), 1);
+    EXPECT_EQ(sync.stats().nonfinite_rounds, 1u);
+    EXPECT_EQ(ranks.params[r][0], start) << "rank " << r;
+    const OuterSyncState after = sync.state();
+    EXPECT_EQ(after.rounds, before.rounds);
+    EXPECT_EQ(after.momenta, before.momenta);
+    for (const auto& kv : after.compression.residuals)
+      for (uint8_t byte : kv.second) ASSERT_EQ(byte, 0) << "a residual changed on rank " << r;
+  });
+}
+
+TEST(OuterSync, StateResumesBitForBit) {
+  const int world = 2;
+  Ranks straight(world, {128, 64});
+  Ranks resumed = straight;
+  OuterSyncOptions o;
+  o.inner_steps = 3;
+  o.fragments = 2;
+  std::vector<OuterSyncState> saved(world);
+  InProcessGroup g1(world), g2(world), g3(world);
+  run_ranks(g1, [&](int r, Communicator& comm) {
+    auto backend = make_cpu_backend();
+    OuterSync sync(comm, *backend, q4_config(), o, straight.outer_params(r));
+    for (uint64_t t = 1; t <= 10; ++t) {
+      straight.inner_step(r, t);
+      sync.step();
+      if (t == 5) saved[r] = sync.state();
+      if (t == 5) resumed.params[r] = straight.params[r];
+    }
+  });
+  run_ranks(g2, [&](int r, Communicator& comm) {
+    auto backend = make_cpu_backend();
+    OuterSync sync(comm, *backend, q4_config(), o, resumed.outer_params(r));
+    sync.load_state(saved[r]);
+    for (uint64_t t = 6; t <= 10; ++t) {
+      resumed.inner_step(r, t);
+      sync.step();
+    }
+    EXPECT_EQ(sync.state().inner_step, 10u);
+  });
+  EXPECT_EQ(resumed.params, straight.params);
+  // Another split is refused whole.
+  run_ranks(g3, [&](int r, Communicator& comm) {
+    auto backend = make_cpu_backend();
+    OuterSyncOptions one = o;
+    one.fragments = 1;
+    OuterSync sync(comm, *backend, q4_config(), one, resumed.outer_params(r));
+    try {
+      sync.load_state(saved[r]);
+      ADD_FAILURE() << "a two-fragment state loaded into one fragment";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("2 fragments"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(sync.state().inner_step, 0u);
+  });
+}
+
+TEST(OuterSync, HierarchicalRoundsAgreeOnEveryRank) {
+  testing::NodeGrid grid(2, 2);
+  Ranks ranks(4, {257, 31});
+  OuterSyncOptions o;
+  o.inner_steps = 2;
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(4);
+  std::vector<uint64_t> bytes(4);
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto backend = make_cpu_backend();
+        OuterSync sync(grid.groups(r), *backend, q4_config(), o, ranks.outer_params(r));
+        for (uint64_t t = 1; t <= 4; ++t) {
+          ranks.inner_step(r, t);
+          sync.step();
+        }
+        bytes[r] = sync.stats().bytes_sent;
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(ranks.params[r], ranks.params[0]) << "rank " << r;
+    EXPECT_GT(bytes[r], 0u);
+  }
+  // The mean moved the parameters the way the ranks' average drift points.
+  const float start = std::sin(0.37f);
+  EXPECT_NE(ranks.params[0][0][1], start);
+}
+
+TEST(OuterSync, RefusesBadOptions) {
+  InProcessGroup group(1);
+  auto backend = make_cpu_backend();
+  std::vector<float> p(10, 1.0f);
+  const std::vector<OuterParam> one{{p.data(), 10, DType::kFloat32}};
+  auto refused = [&](OuterSyncOptions o, CompressionConfig c, const std::string& what) {
+    try {
+      OuterSync sync(group.communicator(0), *backend, c, o, one);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  OuterSyncOptions o;
+  o.inner_steps = 0;
+  refused(o, q4_config(), "inner_steps");
+  o = {};
+  o.outer_momentum = 1.0f;
+  refused(o, q4_config(), "outer_momentum");
+  o = {};
+  o.fragments = 2;
+  refused(o, q4_config(), "only 1 parameter tensors");
+  CompressionConfig topk;
+  topk.codec = Codec::kTopK;
+  topk.remedies.momentum = 0.9f;
+  refused({}, topk, "TopK(momentum=0)");
+}
+
+}  // namespace
+}  // namespace gradcomp

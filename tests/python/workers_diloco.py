@@ -1,0 +1,211 @@
+"""Per-rank bodies of the DiLoCo tests: real Gloo ranks training an MLP with AdamW inner steps, checked
+against DiLoCo written out in plain PyTorch over the reference q4 allreduce (reference.py)."""
+from __future__ import annotations
+
+import io
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import gradcomp
+import gradcomp.torch as gt
+from reference import Q4TwoPhase
+from workers_hierarchical import HierarchicalReference
+
+SEED = 7
+
+
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(20, 33), nn.ReLU(), nn.Linear(33, 47), nn.ReLU(), nn.Linear(47, 5))
+
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(16, 20, generator=g), torch.randint(0, 5, (16,), generator=g)
+
+
+def inner_step(model, opt, rank, t, dev):
+    x, y = batch(rank, t)
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x.to(dev)), y.to(dev)).backward()
+    opt.step()
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1).float().cpu() for p in model.parameters()])
+
+
+class Reference:
+    """DiLoCo on this rank in plain PyTorch: its own model and AdamW; at a fragment's sync every rank's
+    outer gradient (all-gathered) goes through the reference q4 allreduce (every rank's residuals kept
+    here; or the hierarchical reference), then Nesterov SGD written as separate roundings."""
+
+    def __init__(self, rank, world, split, inner_steps, lr=0.7, mu=0.9, local=1, dev="cpu"):
+        self.rank, self.world, self.split, self.h, self.lr, self.mu = rank, world, split, inner_steps, lr, mu
+        self.local, self.dev = local, dev
+        self.model = make_model().to(dev)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
+        params = list(self.model.parameters())
+        self.frag_params = [[params[i] for i in frag] for frag in split]
+        self.anchor = [torch.cat([p.detach().reshape(-1).float().cpu() for p in ps]) for ps in self.frag_params]
+        self.buf = [torch.zeros_like(a) for a in self.anchor]
+        self.rounds = [0] * len(split)
+        self.reducers = {}
+        if local > 1:
+            self.groups = gt.node_groups(None, local)
+
+    def _mean(self, f, g):
+        n = g.numel()
+        if self.local > 1:
+            if f not in self.reducers:
+                make = lambda w, m, keys: Q4TwoPhase(w, m, seed=SEED, key_ranks=keys)  # noqa: E731
+                self.reducers[f] = HierarchicalReference(self.rank, self.world, self.local, n, make,
+                                                         self.groups[0], self.groups[1], "group")
+            return self.reducers[f].step(g, self.rounds[f], f)
+        everyone = [torch.empty(n) for _ in range(self.world)]
+        dist.all_gather(everyone, g)
+        if f not in self.reducers:
+            self.reducers[f] = Q4TwoPhase(self.world, n, seed=SEED)
+        return self.reducers[f].step(everyone, self.rounds[f], f)
+
+    def step(self, t):
+        inner_step(self.model, self.opt, self.rank, t, self.dev)
+        for f, ps in enumerate(self.frag_params):
+            if t % self.h != f * self.h // len(self.split):
+                continue
+            now = torch.cat([p.detach().reshape(-1).float().cpu() for p in ps])
+            mean = self._mean(f, self.anchor[f] - now)
+            if torch.isfinite(mean).all():
+                self.buf[f] = self.buf[f] * self.mu + mean
+                update = mean + self.buf[f] * self.mu
+                self.anchor[f] = self.anchor[f] - update * self.lr
+                self.rounds[f] += 1
+            at = 0
+            with torch.no_grad():
+                for p in ps:
+                    p.copy_(self.anchor[f][at:at + p.numel()].view_as(p))
+                    at += p.numel()
+
+
+def trains_like_the_reference(rank, world, variant, device="cpu"):
+    """Several rounds of DiLoCo with q4 outer gradients equal the plain-PyTorch reference bit for bit, on
+    every rank, and every rank holds the same parameters after a sync."""
+    dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+    h, fragments, local = 3, 1, 1
+    if variant == "fragments":
+        h, fragments = 4, 2
+    if variant == "hierarchical":
+        local = 2
+    model = make_model().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    d = gt.diloco(model, opt, gradcomp.Q4(seed=SEED), inner_steps=h, fragments=fragments, local_world_size=local)
+    split = d.fragments()
+    assert sorted(i for frag in split for i in frag) == list(range(len(list(model.parameters())))), split
+    assert len(split) == fragments
+    ref = Reference(rank, world, split, h, local=local, dev=dev)
+    steps = 3 * h + 1
+    for t in range(1, steps + 1):
+        inner_step(model, opt, rank, t, dev)  # the optimizer's post-step hook runs DiLoCo's step
+        ref.step(t)
+        got, want = flat(model), flat(ref.model)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), \
+            f"step {t}: differs from the reference by {(got - want).abs().max().item()}"
+        if t % h == 0 and fragments == 1:
+            everyone = [torch.empty_like(got) for _ in range(world)]
+            dist.all_gather(everyone, got)
+            assert all(torch.equal(e, got) for e in everyone), f"step {t}: ranks differ after the sync"
+    stats = d.stats()
+    assert stats["inner_steps"] == steps and stats["rounds"] == sum(ref.rounds), (stats, ref.rounds)
+    assert stats["bytes_sent"] > 0 and stats["nonfinite_rounds"] == 0, stats
+    if local == 1:
+        assert stats["ratio"] > 3.5, stats  # q4 against an fp32 ring allreduce, small buckets' headers included
+    return stats
+
+
+def nan_round_resets_every_rank(rank, world):
+    """A rank whose inner steps diverge makes the mean non-finite: every rank goes back to the round's
+    start, the outer state and the residuals stay as they were."""
+    model = make_model()
+    start = flat(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    d = gt.diloco(model, opt, gradcomp.Q4(seed=SEED), inner_steps=2)
+    inner_step(model, opt, rank, 1, "cpu")
+    if rank == world - 1:
+        with torch.no_grad():
+            next(model.parameters())[0, 0] = float("nan")
+    before = d.state_dict()
+    inner_step(model, opt, rank, 2, "cpu")
+    assert torch.equal(flat(model), start), "parameters not reset to the round's start"
+    after = d.state_dict()
+    assert d.stats()["nonfinite_rounds"] == 1 and after["rounds"].tolist() == [0], d.stats()
+    for key in ("anchor.0", "momentum.0"):
+        assert torch.equal(before[key], after[key]), key
+    for key in after:
+        if key.startswith("residual."):
+            assert not after[key].any(), f"{key} changed on a non-finite round"
+    return True
+
+
+def run_steps(model, opt, rank, steps):
+    for t in steps:
+        inner_step(model, opt, rank, t, "cpu")
+    return flat(model)
+
+
+def resumes_bit_for_bit(rank, world, path):
+    """Saving mid-round (model, AdamW, DiLoCo) and resuming gives the parameters of an unbroken run."""
+    options = dict(inner_steps=3, fragments=2)
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gt.diloco(model, opt, gradcomp.Q4(seed=SEED), **options)
+    straight = run_steps(model, opt, rank, range(1, 11))
+
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    d = gt.diloco(model, opt, gradcomp.Q4(seed=SEED), **options)
+    run_steps(model, opt, rank, range(1, 6))
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "diloco": d.state_dict()}, buf)
+    torch.save(d.state_dict(), f"{path}.{rank}")
+    buf.seek(0)
+    saved = torch.load(buf)
+
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    d = gt.diloco(model, opt, gradcomp.Q4(seed=SEED), **options)
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    d.load_state_dict(saved["diloco"])
+    resumed = run_steps(model, opt, rank, range(6, 11))
+    assert torch.equal(resumed.view(torch.int32), straight.view(torch.int32)), \
+        f"resumed run differs by {(resumed - straight).abs().max().item()}"
+    return True
+
+
+def refuses_what_it_cannot_do(rank, world, path):
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    d = gt.diloco(model, opt, gradcomp.Q4(seed=SEED), inner_steps=3, fragments=2)
+    problems = {}
+    try:
+        d.load_state_dict(torch.load(f"{path}.0"))
+    except RuntimeError as e:
+        problems["world"] = str(e)
+    for name, call in {
+        "ddp": lambda: gt.diloco(nn.parallel.DistributedDataParallel(make_model()), None),
+        "codec": lambda: gt.diloco(make_model(), None, gradcomp.NoCompression()),
+        "inner_steps": lambda: gt.diloco(make_model(), None, inner_steps=0),
+        "momentum": lambda: gt.diloco(make_model(), None, outer_momentum=1.5),
+    }.items():
+        try:
+            call()
+        except (ValueError, RuntimeError) as e:
+            problems[name] = str(e)
+    assert "group of 2 ranks, this group has 3" in problems.get("world", ""), problems
+    assert "replaces DDP" in problems.get("ddp", ""), problems
+    assert "Q4 or gradcomp.TopK" in problems.get("codec", ""), problems
+    assert "inner_steps" in problems.get("inner_steps", ""), problems
+    assert "outer_momentum must be in [0, 1)" in problems.get("momentum", ""), problems
+    return True

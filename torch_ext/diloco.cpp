@@ -1,0 +1,257 @@
+// DiLoCo over a c10d group: gradcomp::OuterSync on the parameters' device, and its checkpoints.
+#include <cstring>
+#include <utility>
+
+#include "diloco_state.h"
+#include "gradcomp/torch.h"
+#include "parameter_agreement.h"
+#include "process_group_communicator.h"
+#include "tensor_params.h"
+
+#if defined(GRADCOMP_HAVE_CUDA)
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace gradcomp {
+namespace torch_ext {
+namespace {
+
+constexpr int64_t kStateFormat = 1;
+
+at::Tensor scalar(int64_t v) {
+  return at::tensor({v}, at::TensorOptions().dtype(at::kLong));
+}
+
+at::Tensor bytes_tensor(const std::vector<uint8_t>& b) {
+  at::Tensor t = at::empty({static_cast<int64_t>(b.size())}, at::kByte);
+  if (!b.empty()) std::memcpy(t.data_ptr<uint8_t>(), b.data(), b.size());
+  return t;
+}
+
+at::Tensor floats_tensor(const std::vector<float>& v) {
+  at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kFloat);
+  if (!v.empty()) std::memcpy(t.data_ptr<float>(), v.data(), v.size() * sizeof(float));
+  return t;
+}
+
+at::Tensor ids_tensor(const std::map<uint64_t, std::vector<uint8_t>>& m) {
+  std::vector<int64_t> ids;
+  for (const auto& kv : m) ids.push_back(static_cast<int64_t>(kv.first));
+  return at::tensor(ids, at::TensorOptions().dtype(at::kLong));
+}
+
+at::Tensor checked(const at::Tensor& t, at::ScalarType type, const std::string& name) {
+  GRADCOMP_CHECK(t.defined() && t.scalar_type() == type && t.dim() == 1,
+                 "DiLoCo state: " << name << " is not a 1-D " << c10::toString(type) << " tensor");
+  return t.contiguous().cpu();
+}
+
+}  // namespace
+
+std::map<std::string, at::Tensor> outer_state_tensors(const OuterSyncState& s, int world_size) {
+  std::map<std::string, at::Tensor> m;
+  m["format"] = scalar(kStateFormat);
+  m["world_size"] = scalar(world_size);
+  m["inner_step"] = scalar(static_cast<int64_t>(s.inner_step));
+  std::vector<int64_t> rounds(s.rounds.begin(), s.rounds.end());
+  m["rounds"] = at::tensor(rounds, at::TensorOptions().dtype(at::kLong));
+  for (size_t f = 0; f < s.anchors.size(); ++f) {
+    m["anchor." + std::to_string(f)] = floats_tensor(s.anchors[f]);
+    m["momentum." + std::to_string(f)] = floats_tensor(s.momenta[f]);
+  }
+  m["seed"] = scalar(static_cast<int64_t>(s.compression.seed));
+  m["residual_ids"] = ids_tensor(s.compression.residuals);
+  m["chunk_residual_ids"] = ids_tensor(s.compression.chunk_residuals);
+  for (const auto& kv : s.compression.residuals)
+    m["residual." + std::to_string(kv.first)] = bytes_tensor(kv.second);
+  for (const auto& kv : s.compression.chunk_residuals)
+    m["chunk_residual." + std::to_string(kv.first)] = bytes_tensor(kv.second);
+  return m;
+}
+
+OuterSyncState outer_state_from_tensors(const std::function<at::Tensor(const std::string&)>& get,
+                                        int world_size) {
+  auto one = [&](const std::string& name) {
+    const at::Tensor t = checked(get(name), at::kLong, name);
+    GRADCOMP_CHECK(t.numel() == 1,
+                   "DiLoCo state: " << name << " holds " << t.numel() << " values, not one");
+    return t.item<int64_t>();
+  };
+  GRADCOMP_CHECK(one("format") == kStateFormat,
+                 "not a gradcomp DiLoCo state (format " << kStateFormat << ")");
+  OuterSyncState s;
+  s.inner_step = static_cast<uint64_t>(one("inner_step"));
+  const at::Tensor rounds = checked(get("rounds"), at::kLong, "rounds");
+  for (int64_t f = 0; f < rounds.numel(); ++f) {
+    s.rounds.push_back(static_cast<uint32_t>(rounds[f].item<int64_t>()));
+    for (const char* kind : {"anchor.", "momentum."}) {
+      const std::string name = kind + std::to_string(f);
+      const at::Tensor t = checked(get(name), at::kFloat, name);
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      if (!v.empty()) std::memcpy(v.data(), t.data_ptr<float>(), v.size() * sizeof(float));
+      (kind[0] == 'a' ? s.anchors : s.momenta).push_back(std::move(v));
+    }
+  }
+  s.compression.seed = static_cast<uint64_t>(one("seed"));
+  auto residuals = [&](const std::string& kind, std::map<uint64_t, std::vector<uint8_t>>& out) {
+    const at::Tensor ids = checked(get(kind + "_ids"), at::kLong, kind + "_ids");
+    for (int64_t i = 0; i < ids.numel(); ++i) {
+      const std::string name = kind + "." + std::to_string(ids[i].item<int64_t>());
+      const at::Tensor t = checked(get(name), at::kByte, name);
+      std::vector<uint8_t> b(static_cast<size_t>(t.numel()));
+      if (!b.empty()) std::memcpy(b.data(), t.data_ptr<uint8_t>(), b.size());
+      out[static_cast<uint64_t>(ids[i].item<int64_t>())] = std::move(b);
+    }
+  };
+  residuals("residual", s.compression.residuals);
+  residuals("chunk_residual", s.compression.chunk_residuals);
+  const int64_t saved = one("world_size");
+  GRADCOMP_CHECK(saved == world_size ||
+                     (s.compression.residuals.empty() && s.compression.chunk_residuals.empty()),
+                 "DiLoCo state saved by a group of " << saved << " ranks, this group has "
+                                                     << world_size
+                                                     << ": the residuals cannot be regrouped");
+  return s;
+}
+
+}  // namespace torch_ext
+
+struct DiLoCo::Impl {
+  Impl(std::vector<at::Tensor> params, c10::intrusive_ptr<c10d::ProcessGroup> group,
+       const CodecSpec& codec, DiLoCoOptions options)
+      : params_(std::move(params)), group_(std::move(group)), options_(std::move(options)) {
+    GRADCOMP_CHECK(!params_.empty(), "DiLoCo: no parameters");
+    GRADCOMP_CHECK(group_, "DiLoCo: no process group");
+    const EngineOptions engine = engine_options(codec);
+    GRADCOMP_CHECK(engine.compress,
+                   "DiLoCo sends its outer gradients through gradcomp's "
+                   "compressed allreduce: the codec must be Q4 or TopK");
+    device_ = params_[0].device();
+    std::vector<OuterParam> outer;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const at::Tensor& p = params_[i];
+      GRADCOMP_CHECK(p.device() == device_, "DiLoCo: parameter " << i << " is on " << p.device()
+                                                                 << ", parameter 0 on " << device_);
+      GRADCOMP_CHECK(p.is_contiguous() && p.layout() == at::kStrided,
+                     "DiLoCo: parameter " << i << " is not a contiguous dense tensor");
+      outer.push_back(
+          {p.data_ptr(), p.numel(), torch_ext::to_dtype(p.scalar_type(), "DiLoCo parameter")});
+    }
+    torch_ext::check_same_model_on_every_rank(params_, *group_, device_, "DiLoCo");
+    if (options_.broadcast_parameters) torch_ext::broadcast_parameters(params_, *group_);
+    comm_ = std::make_unique<torch_ext::ProcessGroupCommunicator>(group_, device_,
+                                                                  options_.collective_timeout);
+    if (device_.is_cpu()) backend_ = make_cpu_backend(1);
+#if defined(GRADCOMP_HAVE_CUDA)
+    if (device_.is_cuda()) {
+      // The stream current now, which the inner optimizer's steps are expected to use as well.
+      cuda::CudaBackendOptions o;
+      o.device = device_.index();
+      o.stream = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+      backend_ = cuda::make_cuda_backend(o);
+    }
+#endif
+    GRADCOMP_CHECK(backend_,
+                   "DiLoCo: parameters are on " << device_ << ", which this build cannot use");
+    NodeProcessGroups nodes = options_.node_groups;
+    if (!nodes.intra_node && options_.local_world_size != 1) {
+      const auto timeout = options_.collective_timeout.count() > 0
+                               ? options_.collective_timeout
+                               : std::chrono::milliseconds(std::chrono::seconds(60));
+      nodes = split_node_groups(group_, options_.local_world_size,
+                                device_.is_cuda() ? "nccl" : "gloo", timeout);
+    }
+    if (nodes.intra_node) {
+      GRADCOMP_CHECK(nodes.inter_node, "DiLoCo: node_groups needs the inter-node group too");
+      node_comms_ = torch_ext::node_communicators(nodes.intra_node, nodes.inter_node, device_,
+                                                  options_.collective_timeout, std::string());
+      sync_ = std::make_unique<OuterSync>(node_comms_.groups(), *backend_, engine.config,
+                                          options_.outer, std::move(outer));
+    } else {
+      sync_ = std::make_unique<OuterSync>(*comm_, *backend_, engine.config, options_.outer,
+                                          std::move(outer));
+    }
+  }
+
+  std::vector<at::Tensor> params_;
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  DiLoCoOptions options_;
+  at::Device device_ = at::kCPU;
+  std::unique_ptr<torch_ext::ProcessGroupCommunicator> comm_;
+  torch_ext::NodeCommunicators node_comms_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<OuterSync> sync_;
+};
+
+DiLoCo::DiLoCo(std::vector<at::Tensor> parameters, c10::intrusive_ptr<c10d::ProcessGroup> group,
+               CodecSpec codec, DiLoCoOptions options)
+    : impl_(std::make_unique<Impl>(std::move(parameters), std::move(group), codec,
+                                   std::move(options))) {}
+
+DiLoCo::DiLoCo(const torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGroup> group,
+               CodecSpec codec, DiLoCoOptions options)
+    : DiLoCo(module.parameters(), std::move(group), codec, std::move(options)) {}
+
+DiLoCo::~DiLoCo() = default;
+
+int DiLoCo::step() {
+  at::NoGradGuard no_grad;
+  return impl_->sync_->step();
+}
+
+OuterSyncStats DiLoCo::stats() const {
+  return impl_->sync_->stats();
+}
+
+std::vector<std::vector<int64_t>> DiLoCo::fragments() const {
+  std::vector<std::vector<int64_t>> out;
+  for (uint32_t f = 0; f < impl_->sync_->fragments(); ++f)
+    out.push_back(impl_->sync_->fragment_params(f));
+  return out;
+}
+
+int DiLoCo::rank() const {
+  return impl_->group_->getRank();
+}
+
+int DiLoCo::world_size() const {
+  return impl_->group_->getSize();
+}
+
+OuterSyncState DiLoCo::state() const {
+  return impl_->sync_->state();
+}
+
+void DiLoCo::load_state(const OuterSyncState& state) {
+  impl_->sync_->load_state(state);
+}
+
+void DiLoCo::save(torch::serialize::OutputArchive& archive) const {
+  for (const auto& kv : torch_ext::outer_state_tensors(state(), world_size()))
+    archive.write("gradcomp_diloco." + kv.first, kv.second);
+}
+
+void DiLoCo::load(torch::serialize::InputArchive& archive) {
+  load_state(torch_ext::outer_state_from_tensors(
+      [&](const std::string& name) {
+        at::Tensor t;
+        GRADCOMP_CHECK(archive.try_read("gradcomp_diloco." + name, t),
+                       "DiLoCo checkpoint: no gradcomp_diloco." << name);
+        return t;
+      },
+      world_size()));
+}
+
+torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
+                                            const DiLoCo& diloco) {
+  diloco.save(archive);
+  return archive;
+}
+
+torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive,
+                                           DiLoCo& diloco) {
+  diloco.load(archive);
+  return archive;
+}
+
+}  // namespace gradcomp

@@ -42,6 +42,9 @@ METHODS = {
     # FSDP2 (fully_shard per layer) with its own fp32 reduce-scatter, or with gradcomp's q4 one.
     "fsdp-dense": (None, None),
     "fsdp-q4": ({"codec": "q4"}, None),
+    # DiLoCo: no per-step synchronisation; every H steps the q4 outer gradient and Nesterov SGD.
+    "diloco-h20": ({"codec": "q4", "diloco": 20}, None),
+    "diloco-h100": ({"codec": "q4", "diloco": 100}, None),
 }
 # The learning rates of plain SGD under momentum correction.
 DGC_LR = {"sgd-dgc": 0.1, "sgd-dgc-tuned": 0.3}
@@ -59,6 +62,7 @@ def make_codec(spec, ratio):
     if spec is None:
         return None
     kw = dict(spec)
+    kw.pop("diloco", None)
     kind = kw.pop("codec")
     return gradcomp.Q4() if kind == "q4" else gradcomp.TopK(ratio=ratio, **kw)
 
@@ -141,7 +145,10 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
         val_x, val_y = xs[perm[1500:]], ys[perm[1500:]]
         model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
     fsdp = method.startswith("fsdp")
-    if fsdp:
+    diloco = (spec or {}).get("diloco")
+    if diloco:
+        ddp = model  # each rank trains alone between the outer rounds
+    elif fsdp:
         from torch.distributed.fsdp import fully_shard
 
         for layer in (model.blocks.layers if task == "lm" else [m for m in model if isinstance(m, nn.Linear)]):
@@ -158,6 +165,8 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
     codec = make_codec(spec, ratio)
     if codec is None:
         hook = None
+    elif diloco:
+        hook = gt.diloco(model, opt, codec, inner_steps=diloco)
     elif fsdp:
         hook = gt.fsdp(model, codec)
     else:
@@ -193,7 +202,7 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
             logits = model(val_x)
             final = {"val_loss": F.cross_entropy(logits, val_y).item(),
                      "accuracy": (logits.argmax(1) == val_y).float().mean().item()}
-    stats = hook.stats()["total"] if hook is not None else None
+    stats = hook.stats() if diloco else hook.stats()["total"] if hook is not None else None
     params = sum(p.numel() for p in model.parameters())
     # Without a hook: what DDP's ring allreduce of the fp32 gradients sends per rank, or FSDP's
     # reduce-scatter (half of it; both FSDP methods also all-gather the parameters alike).

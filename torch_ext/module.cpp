@@ -453,6 +453,9 @@ PYBIND11_MODULE(_C, m) {
         return gradcomp::prometheus_text(total, gradcomp::metric_labels(rank, codec, "fsdp"));
       },
       py::arg("collectives"), py::arg("rank"), py::arg("codec"));
+  m.def("adaptive_optimizer_warning", [](const py::dict& options) {
+    return gradcomp::adaptive_optimizer_warning(parse_codec(options));
+  });
   m.def("launch_env", [] {
     const gradcomp::LaunchEnv e = call_core([] { return gradcomp::launch_env(); });
     py::dict d;

@@ -38,6 +38,18 @@ EngineOptions engine_options(const CodecSpec& codec) {
   return o;
 }
 
+std::string adaptive_optimizer_warning(const CodecSpec& codec) {
+  if (!std::holds_alternative<TopK>(codec)) return std::string();
+  return "TopK with an adaptive optimizer (Adam, AdamW, Adagrad, RMSprop, ...) trains to a "
+         "measurably worse loss: a coordinate top-k sends once in many steps arrives with its "
+         "accumulated sum, and the optimizer's per-coordinate scale turns it into a step of "
+         "several "
+         "learning rates. Warm-ups narrowed the gap on one model and not on another (+16 % loss on "
+         "a second transformer). Use Q4 (within 1 % of dense with AdamW) or DiLoCo "
+         "(gradcomp.torch.diloco / gradcomp::DiLoCo: the inner optimizer never sees compressed "
+         "gradients); docs/benchmarks.md, \"Top-k with Adam\"";
+}
+
 const char* codec_spec_name(const CodecSpec& codec) {
   if (std::holds_alternative<Q4>(codec)) return "q4";
   if (std::holds_alternative<TopK>(codec)) return "topk";

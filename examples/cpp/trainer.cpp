@@ -10,6 +10,8 @@
 // per node, uncompressed inside a node and compressed between nodes. --piece-numel N: the
 // pipeline's pieces and the overlap of consecutive buckets (0: each bucket whole, one after
 // another). --worker-cpus auto | inherit | LIST: where the thread compressing the buckets runs.
+// --diloco H: no GradSync; every rank trains alone and every H steps gradcomp::DiLoCo averages
+// the q4 outer gradient (--fragments F: streaming). --optimizer adamw: AdamW instead of SGD.
 // The other flags serve the
 // tests and benchmarks: checkpoints, gradient dumps, no_sync accumulation, unused parameters, step
 // timing.
@@ -192,7 +194,15 @@ int run(const Flags& f) {
   const std::string codec = f.get("codec", "q4");
   if (!resume.empty() && codec == "allreduce") throw std::runtime_error("--resume needs GradSync");
   std::unique_ptr<gradcomp::GradSync> sync;
-  if (codec != "allreduce") {
+  std::unique_ptr<gradcomp::DiLoCo> diloco;
+  if (f.has("diloco")) {
+    gradcomp::DiLoCoOptions o;
+    o.outer.inner_steps = static_cast<uint32_t>(f.num("diloco", 100));
+    o.outer.fragments = static_cast<uint32_t>(f.num("fragments", 1));
+    // Mid-round each rank's parameters are its own: a resumed run keeps what it loaded.
+    o.broadcast_parameters = resume.empty();
+    diloco = std::make_unique<gradcomp::DiLoCo>(params, group, codec_spec(f), o);
+  } else if (codec != "allreduce") {
     gradcomp::GradSyncOptions o;
     o.find_unused_parameters = f.has("find-unused");
     o.bucket_cap_bytes = static_cast<int64_t>(f.real("bucket-cap-mb", 25.0) * (1 << 20));
@@ -215,7 +225,14 @@ int run(const Flags& f) {
   const double lr = f.real("lr", 0.05);
   // Momentum correction applies the momentum in GradSync: the optimizer then has none.
   const bool dgc = codec == "topk-dgc";
-  torch::optim::SGD opt(params, torch::optim::SGDOptions(lr).momentum(dgc ? 0.0 : 0.9));
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (f.get("optimizer", "sgd") == "adamw") {
+    optimizer = std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(lr));
+  } else {
+    optimizer = std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(lr).momentum(dgc ? 0.0 : 0.9));
+  }
+  torch::optim::Optimizer& opt = *optimizer;
   if (sync) gradcomp::check_optimizer(opt, codec_spec(f));
 
   const int64_t batch = f.num("batch", 32);
@@ -225,7 +242,8 @@ int run(const Flags& f) {
   int64_t start = 0;
   if (f.has("resume")) {
     torch::load(opt, resume + ".opt");
-    torch::load(*sync, resume + ".sync");
+    if (sync) torch::load(*sync, resume + ".sync");
+    if (diloco) torch::load(*diloco, resume + ".diloco");
     torch::Tensor step;
     torch::load(step, resume + ".step");
     start = step.item<int64_t>();
@@ -242,13 +260,13 @@ int run(const Flags& f) {
       const std::string base = rank_path(f.get("save", "checkpoint"), rank);
       torch::save(model, base + ".model");
       torch::save(opt, base + ".opt");
-      torch::save(*sync, base + ".sync");
+      if (sync) torch::save(*sync, base + ".sync");
+      if (diloco) torch::save(*diloco, base + ".diloco");
       torch::save(torch::tensor(s), base + ".step");
       if (f.has("stop-at-save")) break;
     }
     for (auto& group_of : opt.param_groups())  // steps at 60% and 85% of the run, x 0.1 each
-      static_cast<torch::optim::SGDOptions&>(group_of.options())
-          .lr(lr * (s >= 0.85 * total ? 0.01 : (s >= 0.6 * total ? 0.1 : 1.0)));
+      group_of.options().set_lr(lr * (s >= 0.85 * total ? 0.01 : (s >= 0.6 * total ? 0.1 : 1.0)));
     // The order of an epoch is a function of the epoch alone, so a resumed run sees the same.
     const int64_t epoch = s / per_epoch, i = s % per_epoch;
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1000 * rank + 7919 * epoch);
@@ -273,7 +291,7 @@ int run(const Flags& f) {
     if (dump.is_open()) write_floats(dump, flat(grads(params)));
     if (sync) {
       sync->finish();
-    } else {
+    } else if (!diloco) {
       for (auto& g : grads(params)) {
         g.div_(world);
         std::vector<torch::Tensor> t = {g};
@@ -282,6 +300,7 @@ int run(const Flags& f) {
     }
     if (dump.is_open()) write_floats(dump, flat(grads(params)));
     opt.step();
+    if (diloco) diloco->step();
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (s - start >= warmup) {
@@ -341,11 +360,17 @@ int run(const Flags& f) {
     for (int c : sync->worker_cpus())
       worker_cpus += (worker_cpus.empty() ? "" : ",") + std::to_string(c);
   }
+  if (diloco) {
+    const gradcomp::OuterSyncStats d = diloco->stats();
+    total_stats.bytes_sent = d.bytes_sent;
+    total_stats.uncompressed_bytes = d.uncompressed_bytes;
+    total_stats.steps = d.rounds;
+  }
   std::printf(
       "{\"rank\": %d, \"world\": %d, \"codec\": \"%s\", \"worker_cpus\": \"%s\", "
       "\"accuracy\": %.6f, \"steps\": %lld, "
       "\"step_ms\": %.4f, \"bytes_sent\": %llu, \"inter_node_bytes\": %llu, "
-      "\"uncompressed_bytes\": %llu, "
+      "\"uncompressed_bytes\": %llu, \"outer_rounds\": %llu, "
       "\"backward_ms\": %.4f, \"reduction_ms\": %.4f, \"overlapped_ms\": %.4f, \"finish_wait_ms\": "
       "%.4f}\n",
       rank, world, codec.c_str(), worker_cpus.c_str(), accuracy,
@@ -353,6 +378,7 @@ int run(const Flags& f) {
       static_cast<unsigned long long>(total_stats.bytes_sent),
       static_cast<unsigned long long>(total_stats.inter_node_bytes),
       static_cast<unsigned long long>(total_stats.uncompressed_bytes),
+      static_cast<unsigned long long>(diloco ? total_stats.steps : 0),
       1e3 * timed.backward_seconds / n, 1e3 * timed.reduction_seconds / n,
       1e3 * timed.overlapped_seconds / n, 1e3 * timed.finish_wait_seconds / n);
   std::fflush(stdout);

@@ -209,14 +209,25 @@ class Hook:
         return "" if self._native is None else self._native.worker_placement()
 
 
+# Optimizers that scale each coordinate by its own running statistics (top-k's bursts break them).
+ADAPTIVE_OPTIMIZERS = tuple(getattr(torch.optim, name) for name in (
+    "Adam", "AdamW", "NAdam", "RAdam", "Adamax", "Adagrad", "Adadelta", "RMSprop", "SparseAdam", "Adafactor")
+    if hasattr(torch.optim, name))
+
+
 def check_optimizer(optimizer: torch.optim.Optimizer, codec) -> None:
-    """Raises ValueError when ``optimizer`` does not fit ``codec``'s contract.
+    """Raises ValueError when ``optimizer`` does not fit ``codec``'s contract; warns when top-k meets
+    an adaptive optimizer (Adam and its kin: docs/benchmarks.md, "Top-k with Adam").
 
     ``TopK(momentum=m)`` (momentum correction) applies the momentum itself and hands the
     optimizer the sparse, momentum-corrected update: the optimizer must be ``torch.optim.SGD``
     with ``momentum=0`` in every parameter group (weight decay and learning-rate schedules are
     fine). Every other codec takes any optimizer.
     """
+    if isinstance(optimizer, ADAPTIVE_OPTIMIZERS):
+        advice = _C.adaptive_optimizer_warning(codec._options())
+        if advice:
+            warnings.warn(f"gradcomp: {advice}", UserWarning, stacklevel=3)
     if not isinstance(codec, TopK) or codec.momentum == 0:
         return
     what = f"TopK(momentum={codec.momentum}) applies momentum itself (DGC's momentum correction)"

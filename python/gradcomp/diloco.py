@@ -84,7 +84,8 @@ class DiLoCo:
 def diloco(model, optimizer=None, codec=None, **options) -> DiLoCo:
     """DiLoCo over ``model`` (a module, or its parameters) with ``optimizer`` as the inner optimizer.
 
-    Every rank must call it (it broadcasts rank 0's parameters). Options: ``inner_steps`` (H, 100),
+    Every rank must call it (it broadcasts rank 0's parameters, so a resumed run loads its model,
+    optimizer and DiLoCo checkpoints after it: mid-round each rank's parameters are its own). Options: ``inner_steps`` (H, 100),
     ``outer_lr`` (0.7), ``outer_momentum`` (0.9), ``nesterov`` (True), ``fragments`` (1; streaming: the
     parameters in this many fragments whose rounds are staggered), ``process_group``, ``local_world_size``
     (ranks per node for the hierarchical allreduce; None: the launcher's), ``timeout`` (seconds).

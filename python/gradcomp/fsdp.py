@@ -20,6 +20,7 @@ import torch.distributed as dist
 from . import _C
 from ._torch_compat import fsdp_reduce_scatter_api, premul_factor
 from .codecs import NoCompression, Q4, TopK
+from .ddp import check_optimizer
 
 __all__ = ["fsdp", "FsdpHook"]
 
@@ -209,7 +210,7 @@ def _broadcast_replicas(model, group) -> None:
 
 
 def fsdp(model: torch.nn.Module, codec=None, *, replicate_group=None, reduce_scatter=None,
-         timeout=None) -> FsdpHook:
+         timeout=None, optimizer=None) -> FsdpHook:
     """Installs gradcomp's compressed collectives on every ``fully_shard`` module of ``model`` (the model
     itself included); returns the hook holding their state. Call after ``fully_shard``, before the first
     backward.
@@ -217,7 +218,8 @@ def fsdp(model: torch.nn.Module, codec=None, *, replicate_group=None, reduce_sca
     Without ``replicate_group``: FSDP's reduce-scatter is compressed. With it (HSDP as ``fully_shard`` over
     ``mesh["shard"]`` plus ``replicate_group=mesh["replicate"].get_group()``): each module's reduced shard is
     averaged across replicas by the compressed allreduce (parameters are broadcast from the first replica
-    here), and the reduce-scatter inside the shard group stays FSDP's unless ``reduce_scatter=True``."""
+    here), and the reduce-scatter inside the shard group stays FSDP's unless ``reduce_scatter=True``.
+    ``optimizer``, when given, is checked against the codec as ``register``'s is (``check_optimizer``)."""
     FSDPModule, comm_class = _comm_class()
     modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if not modules:
@@ -225,6 +227,8 @@ def fsdp(model: torch.nn.Module, codec=None, *, replicate_group=None, reduce_sca
     if reduce_scatter is None:
         reduce_scatter = replicate_group is None
     hook = FsdpHook(codec, timeout)
+    if optimizer is not None:
+        check_optimizer(optimizer, hook.codec)
     if reduce_scatter:
         meshes = {getattr(p, "device_mesh", None) for m in modules for p in m.parameters()} - {None}
         if len(meshes) == 1:

@@ -1,5 +1,6 @@
 """Multi-process tests of the DDP hook over real Gloo process groups (CPU)."""
 import os
+import warnings
 
 import pytest
 import torch
@@ -75,7 +76,20 @@ def test_momentum_correction_refuses_an_optimizer_with_its_own_momentum():
         gradcomp.TopK(clip_norm=float("nan"))
     with pytest.raises(ValueError, match="warmup must be 'sparsity' or 'q4', got 'dense'"):
         gradcomp.TopK(warmup="dense")
-    gt.check_optimizer(torch.optim.AdamW(params), gradcomp.TopK(warmup="q4", warmup_steps=10))
+    with pytest.warns(UserWarning, match="TopK with an adaptive optimizer"):
+        gt.check_optimizer(torch.optim.AdamW(params), gradcomp.TopK(warmup="q4", warmup_steps=10))
+
+
+@pytest.mark.parametrize("optimizer", ["Adam", "AdamW", "RMSprop", "Adagrad", "NAdam"])
+def test_topk_with_an_adaptive_optimizer_warns_and_points_to_q4_or_diloco(optimizer):
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    opt = getattr(torch.optim, optimizer)(params)
+    with pytest.warns(UserWarning, match="Use Q4 .* or DiLoCo"):
+        gt.check_optimizer(opt, gradcomp.TopK())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gt.check_optimizer(opt, gradcomp.Q4())
+        gt.check_optimizer(torch.optim.SGD(params, lr=0.1, momentum=0.9), gradcomp.TopK())
 
 
 @pytest.mark.parametrize("codec", ["q4", "topk", "topk_dgc", "topk_q4warmup"])

@@ -3,6 +3,7 @@ checked against the pure-PyTorch reference (reference.py) of the same payloads."
 from __future__ import annotations
 
 import copy
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -320,6 +321,11 @@ def refuses_what_it_cannot_do(rank, world):
         raise AssertionError("top-k momentum correction was accepted for a reduce-scatter")
     except RuntimeError as e:
         assert "without remedies" in str(e), str(e)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gt.fsdp(shard(make_model()), gradcomp.TopK(ratio=0.01),
+                optimizer=torch.optim.AdamW(make_model().parameters()))
+    assert any("TopK with an adaptive optimizer" in str(w.message) for w in caught), [str(w.message) for w in caught]
     return True
 
 

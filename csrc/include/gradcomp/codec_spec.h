@@ -1,6 +1,7 @@
 // The codec a front end compresses with: the C++ face of gradcomp.Q4 / TopK / NoCompression.
 #pragma once
 
+#include <string>
 #include <variant>
 
 #include "gradcomp/engine.h"
@@ -52,5 +53,10 @@ EngineOptions engine_options(const CodecSpec& codec);
 
 // "q4", "topk" or "none": the codec label of metrics.
 const char* codec_spec_name(const CodecSpec& codec);
+
+// What every front end warns when `codec` meets an adaptive optimizer (Adam, AdamW, Adagrad,
+// RMSprop and their kin): top-k's remedies did not hold across models there (docs/benchmarks.md,
+// "Top-k with Adam"). Empty for codecs without that problem.
+std::string adaptive_optimizer_warning(const CodecSpec& codec);
 
 }  // namespace gradcomp

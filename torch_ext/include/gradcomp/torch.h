@@ -145,7 +145,8 @@ class GradSync {
 
 // Throws Error when `optimizer` does not fit the codec's contract: TopK with momentum > 0
 // (momentum correction) applies the momentum itself, so the optimizer must be torch::optim::SGD
-// with momentum 0 and no Nesterov in every parameter group. Other codecs take any optimizer.
+// with momentum 0 and no Nesterov in every parameter group. Warns (TORCH_WARN) when TopK meets
+// Adam, AdamW, Adagrad or RMSprop (adaptive_optimizer_warning). Other codecs take any optimizer.
 void check_optimizer(const torch::optim::Optimizer& optimizer, const CodecSpec& codec);
 
 // torch::save(sync, path) / torch::load(sync, path).
@@ -157,7 +158,8 @@ struct DiLoCoOptions {
   // H, the outer optimizer (Nesterov SGD, lr 0.7, momentum 0.9) and streaming fragments.
   OuterSyncOptions outer;
   // Copies rank 0's parameter values to every rank when the DiLoCo is made (DiLoCo needs one
-  // start everywhere).
+  // start everywhere). Between rounds each rank's parameters are its own: a program that
+  // restores a checkpoint before making the DiLoCo sets this to false (or loads it after).
   bool broadcast_parameters = true;
   // The longest one collective may take (0: the process group's timeout).
   std::chrono::milliseconds collective_timeout{0};

@@ -42,10 +42,19 @@ METHODS = {
     # FSDP2 (fully_shard per layer) with its own fp32 reduce-scatter, or with gradcomp's q4 one.
     "fsdp-dense": (None, None),
     "fsdp-q4": ({"codec": "q4"}, None),
-    # DiLoCo: no per-step synchronisation; every H steps the q4 outer gradient and Nesterov SGD.
-    "diloco-h20": ({"codec": "q4", "diloco": 20}, None),
-    "diloco-h100": ({"codec": "q4", "diloco": 100}, None),
 }
+# DiLoCo: no per-step synchronisation; every H steps the q4 outer gradient and the outer Nesterov SGD.
+# "diloco-h<H>[-lr<outer lr>][-m<outer momentum>][-f<fragments>]", e.g. diloco-h50-lr1.0-m0.5.
+
+
+def method_spec(method):
+    if not method.startswith("diloco-"):
+        return METHODS[method]
+    options = {"h": 100, "lr": 0.7, "m": 0.9, "f": 1}
+    for token in method.split("-")[1:]:
+        key = next(k for k in ("lr", "h", "m", "f") if token.startswith(k))
+        options[key] = type(options[key])(token[len(key):])
+    return {"codec": "q4", "diloco": options}, None
 # The learning rates of plain SGD under momentum correction.
 DGC_LR = {"sgd-dgc": 0.1, "sgd-dgc-tuned": 0.3}
 TASKS = {
@@ -127,7 +136,7 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
-    spec, opt_override = METHODS[method]
+    spec, opt_override = method_spec(method)
     opt_kind = opt_override or TASKS[task][1]
     torch.manual_seed(seed)
     if task == "lm":
@@ -166,7 +175,8 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
     if codec is None:
         hook = None
     elif diloco:
-        hook = gt.diloco(model, opt, codec, inner_steps=diloco)
+        hook = gt.diloco(model, opt, codec, inner_steps=diloco["h"], outer_lr=diloco["lr"],
+                         outer_momentum=diloco["m"], nesterov=diloco["m"] > 0, fragments=diloco["f"])
     elif fsdp:
         hook = gt.fsdp(model, codec)
     else:

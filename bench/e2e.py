@@ -29,7 +29,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 NETNS = "gradcomp-bench"
 PYTHON_METHODS = ("ddp-fp32", "bf16-hook", "fp8-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4",
                   "gradcomp-q4-1piece",
-                  "gradcomp-topk", "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4")
+                  "gradcomp-topk", "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4",
+                  "diloco-q4-h20", "diloco-q4-h100")
+# DiLoCo's rounds every H steps: timed over whole rounds (at least two), the mean step.
+DILOCO_H = {"diloco-q4-h20": 20, "diloco-q4-h100": 100}
 CPP_METHODS = ("cpp-allreduce", "cpp-gradsync-q4")
 TRACED = ("gradcomp-q4", "gradcomp-q4-1piece", "gradcomp-topk", "gradcomp-topk-sequential")
 METHODS = PYTHON_METHODS + CPP_METHODS
@@ -117,7 +120,8 @@ def main():
     ap.add_argument("--world", default="2", help="comma list of world sizes")
     ap.add_argument("--gbps", default="1", help="comma list of per-node link rates in Gbit/s")
     # The FSDP methods are a comparison of their own (--methods fsdp-fp32,fsdp-bf16,fsdp-gradcomp-q4).
-    ap.add_argument("--methods", default=",".join(m for m in METHODS if not m.startswith("fsdp")))
+    # So is DiLoCo's (--methods ddp-fp32,gradcomp-q4,diloco-q4-h20,diloco-q4-h100), which times hundreds of steps.
+    ap.add_argument("--methods", default=",".join(m for m in METHODS if not m.startswith(("fsdp", "diloco"))))
     ap.add_argument("--cpp-bin", default=CPP_BIN, help="examples/cpp's throughput program")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
@@ -173,7 +177,11 @@ def main():
                     trace = []
                     if args.trace and gbps == rates[0] and method in TRACED:
                         trace = ["--trace", os.path.join(args.out, f"trace_{method}_w{world}_{gbps:g}g")]
-                    r = run_ranks(link, "throughput", method, world, extra + trace, args.timeout,
+                    method_extra = extra
+                    if method in DILOCO_H:
+                        h = DILOCO_H[method]
+                        method_extra = extra + ["--steps", str(max(2, -(-args.steps // h)) * h)]
+                    r = run_ranks(link, "throughput", method, world, method_extra + trace, args.timeout,
                                   cpp_bin=args.cpp_bin)
                     results["throughput"].append({"world": world, "gbps": gbps, "rate_limited": limited,
                                                   "method": method, **r})

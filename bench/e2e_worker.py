@@ -16,14 +16,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4", "gradcomp-topk",
            "gradcomp-q4-hier", "gradcomp-topk-hier", "gradcomp-q4-1piece", "gradcomp-q4-hier-1piece",
-           "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4", "fp8-hook")
+           "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4", "fp8-hook",
+           "diloco-q4-h20", "diloco-q4-h100")
 # FSDP2 (fully_shard on every Linear and the root, default resharding): its own reduce-scatter in
 # fp32 or in bf16 (MixedPrecisionPolicy's reduce_dtype; parameters stay fp32), or gradcomp's q4 one.
 FSDP_METHODS = ("fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4")
-# PowerSGD and the quantization hook issue Gloo collectives from future callbacks on another
-# thread; with several buckets the ranks' collective order then diverges and Gloo aborts
-# ("Received data size doesn't match"). They run with one bucket so that they run at all.
-SINGLE_BUCKET = ("powersgd-r4", "quant-pertensor")
+# DiLoCo (gradcomp.torch.diloco): no DDP; every H steps the q4 outer gradient. Its step time is the
+# mean over whole rounds (the median would hide the round).
+DILOCO_METHODS = {"diloco-q4-h20": 20, "diloco-q4-h100": 100}
+# The quantization hook issues Gloo collectives from future callbacks on another thread; with
+# several buckets the ranks' collective order then diverges and Gloo aborts ("Received data size
+# doesn't match"). It runs with one bucket so that it runs at all; PowerSGD, which does the same,
+# gets a process group per bucket index instead (bench/powersgd_buckets.py).
+SINGLE_BUCKET = ("quant-pertensor",)
 
 
 # NCCL on GPUs when present (one GPU per rank), Gloo on CPU otherwise.
@@ -36,7 +41,10 @@ def make_ddp(model, method, bucket_cap_mb=25.0):
 
 
 def prepare(model, method, gt, gradcomp, bucket_cap_mb=25.0, local_world_size=1):
-    """The model wrapped for `method` (DDP, or fully_shard for the fsdp-* ones) and its gradcomp hook."""
+    """The model wrapped for `method` (DDP, or fully_shard for the fsdp-* ones) and its gradcomp hook
+    (DiLoCo's comes with the optimizer: attach_diloco)."""
+    if method in DILOCO_METHODS:
+        return model, None
     if method in FSDP_METHODS:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -48,6 +56,12 @@ def prepare(model, method, gt, gradcomp, bucket_cap_mb=25.0, local_world_size=1)
         return model, (gt.fsdp(model, gradcomp.Q4()) if method == "fsdp-gradcomp-q4" else None)
     ddp = make_ddp(model, method, bucket_cap_mb)
     return ddp, install(method, ddp, gt, gradcomp, local_world_size)
+
+
+def attach_diloco(method, model, opt, gt, gradcomp):
+    if method not in DILOCO_METHODS:
+        return None
+    return gt.diloco(model, opt, gradcomp.Q4(), inner_steps=DILOCO_METHODS[method])
 
 
 def tx_bytes(iface: str = "lo") -> int:
@@ -62,16 +76,15 @@ def tx_bytes(iface: str = "lo") -> int:
 
 def install(method: str, ddp, gt, gradcomp, local_world_size=1):
     """Registers the method's hook; returns the gradcomp hook handle or None."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook, quantization_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, quantization_hooks
 
     if method == "ddp-fp32":
         return None
     if method == "bf16-hook":
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
     elif method == "powersgd-r4":
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=4,
-                                            start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
-        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        from powersgd_buckets import register_powersgd_per_bucket
+        register_powersgd_per_bucket(ddp, rank=4, start_iter=2)
     elif method == "quant-pertensor":
         ddp.register_comm_hook(None, quantization_hooks.quantization_pertensor_hook)
     elif method == "fp8-hook":  # 2026's FP8 hook of training frameworks (bench/fp8_hook.py)
@@ -109,6 +122,8 @@ def throughput(args, rank, world):
     ddp, hook = prepare(model, args.method, gt, gradcomp, args.bucket_cap_mb, args.local_world_size) \
         if world > 1 else (model, None)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    if world > 1 and args.method in DILOCO_METHODS:
+        hook = attach_diloco(args.method, model, opt, gt, gradcomp)
     x = torch.randn(args.batch, 1024, device=DEVICE)
 
     def step_once():
@@ -130,13 +145,15 @@ def throughput(args, rank, world):
         t0 = time.perf_counter()
         step_once()
         times.append(time.perf_counter() - t0)
-        if hook is not None and step >= args.warmup:
+        if hook is not None and step >= args.warmup and args.method not in DILOCO_METHODS:
             s = hook.stats()["step"]
             codec.append(s["codec_seconds"])
             inter.append(s["inter_node_bytes"])
     tx = tx_bytes(args.iface) - tx0
     ranks_on_link = max(world, 1) if args.iface == "lo" else args.local_world_size
-    result = {"params": params, "step_s": statistics.median(times[args.warmup:]),
+    timed = times[args.warmup:]
+    result = {"params": params,
+              "step_s": statistics.mean(timed) if args.method in DILOCO_METHODS else statistics.median(timed),
               "step_times": times[args.warmup:],
               # Loopback: every rank's traffic; a node's link: what left the node.
               "bytes_per_step_per_rank": tx / args.steps / ranks_on_link,
@@ -163,6 +180,7 @@ def digits(args, rank, world):
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
     ddp, _ = prepare(model, args.method, gt, gradcomp, local_world_size=args.local_world_size)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    attach_diloco(args.method, model, opt, gt, gradcomp)
     gen = torch.Generator().manual_seed(1000 * rank)
     curve, start, steps_per_epoch = [], time.perf_counter(), len(ytr) // 32
     for epoch in range(args.epochs):

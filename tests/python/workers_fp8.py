@@ -41,3 +41,31 @@ def fp8_mean_and_training(rank, world):
     # It trains as plain DDP does (the same data and start), within FP8's noise.
     assert final[False] < 1.2 and abs(final[True] - final[False]) < 0.02 * final[False], final
     return True
+
+
+def powersgd_with_ddps_buckets(rank, world):
+    """PyTorch's PowerSGD hook with DDP's normal buckets on Gloo, a process group per bucket index
+    (bench/powersgd_buckets.py): several buckets compress, the ranks keep identical parameters."""
+    from powersgd_buckets import register_powersgd_per_bucket
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(6)], nn.Linear(64, 4))
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.02)
+    states = register_powersgd_per_bucket(ddp, rank=2, start_iter=2)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    data = torch.Generator().manual_seed(100 + rank)
+    losses = []
+    for _ in range(12):
+        x, y = torch.randn(32, 64, generator=data), torch.randint(0, 4, (32,), generator=data)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(ddp(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    compressed = [i for i, s in enumerate(states) if s.p_memory_dict]
+    assert len(compressed) >= 3, f"only buckets {compressed} compressed"
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(everyone, flat)
+    assert all(torch.equal(e, flat) for e in everyone), "ranks' parameters differ"
+    return len(compressed)

@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 NETNS = "gradcomp-bench"
 PYTHON_METHODS = ("ddp-fp32", "bf16-hook", "fp8-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4",
                   "gradcomp-q4-1piece",
-                  "gradcomp-topk", "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4",
+                  "gradcomp-topk", "gradcomp-topk-dgc", "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4",
                   "diloco-q4-h20", "diloco-q4-h100")
 # DiLoCo's rounds every H steps: timed over whole rounds (at least two), the mean step.
 DILOCO_H = {"diloco-q4-h20": 20, "diloco-q4-h100": 100}
@@ -224,7 +224,7 @@ def print_table(results):
             bf16 = base.get("fsdp-bf16" if fsdp else "bf16-hook", {}).get("step_s")
             vs = lambda b: f"{b / s:7.2f}x" if b else "      -"
             codec = f"{r['codec_s'] * 1e3:9.0f}" if r.get("codec_s") is not None else "        -"
-            name = r["method"] + (" (1 bucket)" if r["method"] in ("powersgd-r4", "quant-pertensor") else "")
+            name = r["method"] + (" (1 bucket)" if r["method"] == "quant-pertensor" else "")
             print(f"{name:24s} {s * 1e3:9.0f} {fmt_bytes(r['bytes_per_step_per_rank']):>16s} {vs(fp32):>8s} "
                   f"{vs(bf16):>8s} {s / limit if limit else float('nan'):8.2f}x {codec}")
         fp32 = base.get("ddp-fp32", {}).get("step_s")
@@ -243,6 +243,11 @@ def print_table(results):
                 print(f"{r['method']:24s} {r['final_accuracy']:.4f}  {r['curve'][-1][0]:6.1f} s")
             else:
                 print(f"{r['method']:24s} failed: {r.get('error', '?')}")
+        if any(r["method"].startswith("gradcomp-topk") for r in results["digits"]):
+            print("gradcomp-topk: top-k 1 % under the optimizer's own momentum 0.9 (each coordinate's accumulated\n"
+                  "  burst is then carried on by the momentum: it trails dense on short runs); gradcomp-topk-dgc: the\n"
+                  "  recommended setting for SGD, DGC's momentum correction (TopK(momentum=0.9), SGD without momentum,\n"
+                  "  lr x3; docs/benchmarks.md). With Adam-family optimizers use Q4 or DiLoCo instead.")
 
 
 def step_time_bars(plt, rows, methods, config_of, limit_of, label_of, title, path, log=False):

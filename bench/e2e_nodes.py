@@ -28,7 +28,7 @@ import e2e  # noqa: E402
 
 NODES = 2
 ADDRESSES = ("10.77.0.1", "10.77.0.2")
-METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "gradcomp-q4", "gradcomp-q4-1piece", "gradcomp-q4-hier",
+METHODS = ("ddp-fp32", "bf16-hook", "fp8-hook", "powersgd-r4", "gradcomp-q4", "gradcomp-q4-1piece", "gradcomp-q4-hier",
            "gradcomp-q4-hier-1piece", "gradcomp-topk", "gradcomp-topk-hier")
 TRACED = ("ddp-fp32", "gradcomp-q4", "gradcomp-q4-hier", "gradcomp-topk-hier")
 
@@ -186,7 +186,7 @@ def print_table(results) -> bool:
             s = r["step_s"]
             vs = lambda b: f"{b / s:7.2f}x" if b else "      -"  # noqa: E731
             flat = base.get(r["method"].replace("-hier", ""), {}).get("step_s") if r["method"].endswith("-hier") else None
-            name = r["method"] + (" (1 bucket)" if r["method"] == "powersgd-r4" else "")
+            name = r["method"]
             print(f"{name:20s} {s * 1e3:9.0f} {e2e.fmt_bytes(r['link_bytes_per_step']):>14s} {vs(fp32):>8s} "
                   f"{vs(bf16):>8s} {s / limit if limit else float('nan'):8.2f}x {vs(flat):>8s}")
         for kind in ("q4", "topk"):

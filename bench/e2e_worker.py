@@ -17,7 +17,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4", "gradcomp-topk",
            "gradcomp-q4-hier", "gradcomp-topk-hier", "gradcomp-q4-1piece", "gradcomp-q4-hier-1piece",
            "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4", "fp8-hook",
-           "diloco-q4-h20", "diloco-q4-h100")
+           "diloco-q4-h20", "diloco-q4-h100", "gradcomp-topk-dgc")
+# Top-k with momentum correction trains digits with SGD without momentum at 3x the lr
+# (docs/benchmarks.md's recommended setting for SGD).
+DGC_LR_SCALE = 3.0
 # FSDP2 (fully_shard on every Linear and the root, default resharding): its own reduce-scatter in
 # fp32 or in bf16 (MixedPrecisionPolicy's reduce_dtype; parameters stay fp32), or gradcomp's q4 one.
 FSDP_METHODS = ("fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4")
@@ -94,6 +97,8 @@ def install(method: str, ddp, gt, gradcomp, local_world_size=1):
         return gt.register(ddp, gradcomp.Q4())
     elif method == "gradcomp-topk":
         return gt.register(ddp, gradcomp.TopK(ratio=0.01))
+    elif method == "gradcomp-topk-dgc":  # momentum correction: the optimizer then has no momentum
+        return gt.register(ddp, gradcomp.TopK(ratio=0.01, momentum=0.9))
     elif method == "gradcomp-q4-hier":
         return gt.register(ddp, gradcomp.Q4(), local_world_size=local_world_size)
     elif method == "gradcomp-q4-1piece":  # each bucket in one piece, one bucket after another
@@ -179,7 +184,10 @@ def digits(args, rank, world):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
     ddp, _ = prepare(model, args.method, gt, gradcomp, local_world_size=args.local_world_size)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    if args.method == "gradcomp-topk-dgc":  # the momentum is the hook's
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05 * DGC_LR_SCALE, momentum=0.0)
+    else:
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     attach_diloco(args.method, model, opt, gt, gradcomp)
     gen = torch.Generator().manual_seed(1000 * rank)
     curve, start, steps_per_epoch = [], time.perf_counter(), len(ytr) // 32

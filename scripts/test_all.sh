@@ -89,9 +89,10 @@ step "smoke: gradcomp-bench (codec, projection, bad arguments) and the end-to-en
 ./build/bench/gradcomp-bench project --params 1e9 --link-gbps 25
 if ./build/bench/gradcomp-bench codec --sizes nope 2>/dev/null; then echo "bad argument accepted"; exit 1; fi
 "$venv/bin/python" bench/e2e.py --world 2 --gbps 1 --steps 2 --warmup 1 --hidden 256 \
-  --methods ddp-fp32,bf16-hook,gradcomp-q4 --digits-epochs 1 --out build/e2e-smoke
+  --methods ddp-fp32,bf16-hook,powersgd-r4,gradcomp-q4,gradcomp-topk-dgc,diloco-q4-h20 --digits-epochs 1 \
+  --out build/e2e-smoke
 "$venv/bin/python" -c "import json; r = json.load(open('build/e2e-smoke/e2e.json')); \
-assert all(x['ok'] for x in r['throughput']), r['throughput']; assert len(r['digits']) == 3"
+assert all(x['ok'] for x in r['throughput']), r['throughput']; assert len(r['digits']) == 6 and all(x['ok'] for x in r['digits']), r['digits']"
 
 step "smoke: two simulated nodes of 2 ranks (network namespaces, 1 Gbit/s between them): hierarchical q4 sends less between nodes than flat q4"
 set +e

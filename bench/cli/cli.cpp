@@ -16,7 +16,8 @@ const char* const kUsage = R"(usage:
   gradcomp-bench collective [--sizes ...] [--reps N] [--json]        (CUDA GPUs, NCCL)
   gradcomp-bench project [--params 1e9,7e9] [--link-gbps 25,100,400] [--gpus-per-node 8]
                          [--nodes 16] [--nvlink-gbps 3600] [--encode-gbps G] [--overlap 0.5]
-                         [--json]          (a model: bf16, flat q4, hierarchical q4)
+                         [--diloco-h 100]
+                         [--json]   (a model: bf16, fp8, flat and hierarchical q4, DiLoCo)
 )";
 
 [[noreturn]] void fail(const std::string& msg) {

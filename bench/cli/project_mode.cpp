@@ -16,12 +16,12 @@ namespace {
 
 // Seconds of one step's gradient exchange of P parameters, per scheme (docs/benchmarks.md).
 struct Projection {
-  double compute, bf16, flat_q4, hier_q4;
+  double compute, bf16, fp8, flat_q4, hier_q4, diloco;
   double flat_q4_node_bytes, hier_q4_node_bytes;
 };
 
 Projection project(double p, double gbps, double gpus, double nodes, double nvlink_gbps,
-                   double codec_gbps, double overlap) {
+                   double codec_gbps, double overlap, double diloco_h) {
   Projection r;
   const double world = gpus * nodes;
   const double q4 = 4.5 / 8.0;  // bytes per element of a q4 payload, block 64
@@ -43,6 +43,14 @@ Projection project(double p, double gbps, double gpus, double nodes, double nvli
   r.hier_q4_node_bytes = 2.0 * (nodes - 1) / nodes * p * q4;
   r.hier_q4 =
       r.compute + std::max(0.0, intra + r.hier_q4_node_bytes / link + codec(p / gpus) - hide);
+  // The frameworks' FP8 hook: all-to-all of e4m3 (+ an fp32 scale per 128) over all W GPUs, an
+  // fp32 sum, an allgather: flat q4's traffic shape at 1 + 4/128 bytes per element, and its casts
+  // about as fast as a copy (two passes of ~6 bytes per element).
+  const double fp8_node_bytes =
+      (gpus * (world - gpus) / world + (world - 1) / world) * p * (1.0 + 4.0 / 128);
+  r.fp8 = r.compute + std::max(0.0, fp8_node_bytes / link + 2.0 * p * 6.0 / 4.3e12 - hide);
+  // DiLoCo: the hierarchical q4 exchange once every H steps, between steps (nothing hides it).
+  r.diloco = r.compute + (intra + r.hier_q4_node_bytes / link + codec(p / gpus)) / diloco_h;
   return r;
 }
 
@@ -60,6 +68,23 @@ int project_mode(const Args& a) {
   // two-phase re-encode together), to be replaced by measured numbers.
   const double codec_gbps = numbers(a, "--encode-gbps", "3440", 1, 1e6)[0];
   const double overlap = numbers(a, "--overlap", "0.5", 0, 1)[0];
+  const double diloco_h = numbers(a, "--diloco-h", "100", 1, 1e6)[0];
+  auto at = [&](double p, double gbps) {
+    return project(p, gbps, gpus, nodes, nvlink_gbps, codec_gbps, overlap, diloco_h);
+  };
+  // The slowest link at which a scheme's step is within 5 % of bf16's: past it, compressing
+  // gains too little to be worth a lossy exchange.
+  // 0: not even at 0.1 Gbit/s (it never pays against bf16).
+  auto stops_paying = [&](double p, double Projection::*scheme) {
+    for (double g = 0.1; g < 1e6; g *= 1.05) {
+      const Projection r = at(p, g);
+      if (r.*scheme >= 0.95 * r.bf16) return g == 0.1 ? 0.0 : g;
+    }
+    return 1e6;
+  };
+  auto speed = [](double g) {
+    return g == 0.0 ? std::string("never") : std::to_string(static_cast<long long>(g + 0.5));
+  };
   if (a.json)
     std::printf("[\n");
   else
@@ -67,30 +92,47 @@ int project_mode(const Args& a) {
         "MODEL, not a measurement: %g nodes x %g GPUs (NVLink %g Gbit/s), bf16 gradients, compute "
         "= 6*P*4096 tokens\nper GPU at 396 TFLOP/s (40%% of 990), %.0f%% of backward (2/3 of "
         "compute) available to hide communication.\n\n"
-        "%-8s %-10s %10s %10s %10s %10s %11s %11s %9s %9s\n",
+        "%-8s %-10s %10s %10s %10s %10s %10s %11s %11s %11s %9s %9s\n",
         nodes, gpus, nvlink_gbps, overlap * 100, "params", "link", "compute ms", "bf16 ms",
-        "flat q4 ms", "hier q4 ms", "flat MB/node", "hier MB/node", "vs bf16", "vs flat");
+        "fp8 ms", "flat q4 ms", "hier q4 ms", "diloco ms", "flat MB/node", "hier MB/node",
+        "vs bf16", "vs flat");
   bool first = true;
   for (double p : params) {
     for (double gbps : links) {
-      const Projection r = project(p, gbps, gpus, nodes, nvlink_gbps, codec_gbps, overlap);
+      const Projection r = at(p, gbps);
       if (a.json) {
         std::printf(
             "%s  {\"params\": %g, \"link_gbps\": %g, \"compute_s\": %.5f, \"bf16_step_s\": %.5f, "
-            "\"flat_q4_step_s\": %.5f, \"hier_q4_step_s\": %.5f, \"flat_q4_node_bytes\": %.0f, "
+            "\"fp8_step_s\": %.5f, \"flat_q4_step_s\": %.5f, \"hier_q4_step_s\": %.5f, "
+            "\"diloco_step_s\": %.5f, \"flat_q4_node_bytes\": %.0f, "
             "\"hier_q4_node_bytes\": %.0f, \"model\": true}",
-            first ? "" : ",\n", p, gbps, r.compute, r.bf16, r.flat_q4, r.hier_q4,
+            first ? "" : ",\n", p, gbps, r.compute, r.bf16, r.fp8, r.flat_q4, r.hier_q4, r.diloco,
             r.flat_q4_node_bytes, r.hier_q4_node_bytes);
         first = false;
       } else {
-        std::printf("%-8.2g %-6g Gb/s %10.1f %10.1f %10.1f %10.1f %11.1f %11.1f %8.2fx %8.2fx\n", p,
-                    gbps, r.compute * 1e3, r.bf16 * 1e3, r.flat_q4 * 1e3, r.hier_q4 * 1e3,
-                    r.flat_q4_node_bytes / 1e6, r.hier_q4_node_bytes / 1e6, r.bf16 / r.hier_q4,
-                    r.flat_q4 / r.hier_q4);
+        std::printf(
+            "%-8.2g %-6g Gb/s %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %11.1f %11.1f %8.2fx "
+            "%8.2fx\n",
+            p, gbps, r.compute * 1e3, r.bf16 * 1e3, r.fp8 * 1e3, r.flat_q4 * 1e3, r.hier_q4 * 1e3,
+            r.diloco * 1e3, r.flat_q4_node_bytes / 1e6, r.hier_q4_node_bytes / 1e6,
+            r.bf16 / r.hier_q4, r.flat_q4 / r.hier_q4);
       }
     }
   }
-  if (a.json) std::printf("\n]\n");
+  if (a.json) {
+    std::printf("\n]\n");
+    return 0;
+  }
+  std::printf(
+      "\nStops paying (step within 5 %% of bf16's) from this per-node link speed up (Gbit/s;"
+      " DiLoCo H = %g):\n",
+      diloco_h);
+  for (double p : params)
+    std::printf("%-8.2g fp8 %-9s flat q4 %-9s hier q4 %-9s diloco %s\n", p,
+                speed(stops_paying(p, &Projection::fp8)).c_str(),
+                speed(stops_paying(p, &Projection::flat_q4)).c_str(),
+                speed(stops_paying(p, &Projection::hier_q4)).c_str(),
+                speed(stops_paying(p, &Projection::diloco)).c_str());
   return 0;
 }
 

@@ -123,6 +123,7 @@ struct DiLoCo::Impl {
     GRADCOMP_CHECK(!params_.empty(), "DiLoCo: no parameters");
     GRADCOMP_CHECK(group_, "DiLoCo: no process group");
     const EngineOptions engine = engine_options(codec);
+    codec_name_ = codec_spec_name(codec);
     GRADCOMP_CHECK(engine.compress,
                    "DiLoCo sends its outer gradients through gradcomp's "
                    "compressed allreduce: the codec must be Q4 or TopK");
@@ -176,6 +177,7 @@ struct DiLoCo::Impl {
   std::vector<at::Tensor> params_;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   DiLoCoOptions options_;
+  std::string codec_name_;
   at::Device device_ = at::kCPU;
   std::unique_ptr<torch_ext::ProcessGroupCommunicator> comm_;
   torch_ext::NodeCommunicators node_comms_;
@@ -201,6 +203,22 @@ int DiLoCo::step() {
 
 OuterSyncStats DiLoCo::stats() const {
   return impl_->sync_->stats();
+}
+
+std::string DiLoCo::metrics_text() const {
+  const OuterSyncStats d = stats();
+  ReductionStats r;
+  r.buckets = r.compressed_buckets = d.rounds;
+  r.bytes_sent = d.bytes_sent;
+  r.uncompressed_bytes = d.uncompressed_bytes;
+  r.nonfinite_buckets = d.nonfinite_rounds;
+  r.steps = d.inner_steps;
+  r.comm_seconds = d.seconds;
+  return prometheus_text(r, metric_labels(rank(), impl_->codec_name_, "diloco"));
+}
+
+void DiLoCo::write_metrics(const std::string& path) const {
+  write_file_atomically(path, metrics_text());
 }
 
 std::vector<std::vector<int64_t>> DiLoCo::fragments() const {

@@ -347,6 +347,7 @@ PYBIND11_MODULE(_C, m) {
              return call_core([&] { return d.step(); });
            })
       .def("fragments", &gradcomp::DiLoCo::fragments)
+      .def("metrics_text", &gradcomp::DiLoCo::metrics_text)
       .def("stats",
            [](const gradcomp::DiLoCo& d) {
              const gradcomp::OuterSyncStats s = d.stats();

@@ -85,8 +85,9 @@ class TopK:
     Deep Gradient Compression's remedies (docs/algorithms.md), all off by default:
     ``warmup_steps`` / ``warmup_stages``: the density rises from ratio**(1/(stages+1)) to ``ratio``
     in ``warmup_stages`` equal stages over the first ``warmup_steps`` steps; with ``warmup="q4"``
-    the first ``warmup_steps`` steps send the whole bucket as two-phase q4 instead (what keeps
-    AdamW's moments right: docs/benchmarks.md), then top-k at ``ratio``. ``momentum``: momentum
+    the first ``warmup_steps`` steps send the whole bucket as two-phase q4 instead, then top-k at
+    ``ratio`` (it helped AdamW on one model and not on another: with Adam-family optimizers use Q4 or
+    DiLoCo; docs/benchmarks.md). ``momentum``: momentum
     correction; the velocity ``u = momentum * u + g`` is what is accumulated and sparsified, and
     the optimizer must be SGD with ``momentum=0`` (``gradcomp.check_optimizer``).
     ``momentum_masking``: sent coordinates are cleared from the velocity too. ``clip_norm``:

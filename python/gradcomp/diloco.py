@@ -68,6 +68,11 @@ class DiLoCo:
     def stats(self) -> dict:
         return self._native.stats()
 
+    def metrics_text(self) -> str:
+        """This rank's counters in Prometheus's text format (front_end="diloco"; a round counts as a
+        bucket): ``gradcomp.torch.metrics.serve(port, diloco)`` serves them."""
+        return self._native.metrics_text()
+
     def state_dict(self) -> dict:
         return self._native.state_dict()
 

@@ -16,14 +16,14 @@ __all__ = ["GradcompCollector", "serve", "register"]
 def _metrics_text(hook) -> str:
     text = getattr(hook, "metrics_text", None)
     if text is None:
-        raise TypeError(f"gradcomp metrics take hooks of gradcomp.torch.register, HookState or gradcomp.torch.fsdp, "
-                        f"got {type(hook).__name__}")
+        raise TypeError("gradcomp metrics take hooks of gradcomp.torch.register, HookState, gradcomp.torch.fsdp or "
+                        f"gradcomp.torch.diloco, got {type(hook).__name__}")
     return text()
 
 
 class GradcompCollector:
     """A ``prometheus_client`` collector of one or more hooks of this process (their metrics carry
-    ``front_end`` "ddp" or "fsdp"; two hooks of one front end in one process must not share a codec)."""
+    ``front_end`` "ddp", "fsdp" or "diloco"; two hooks of one front end in one process must not share a codec)."""
 
     def __init__(self, *hooks):
         for h in hooks:

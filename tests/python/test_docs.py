@@ -26,3 +26,10 @@ def test_fsdp_doc_example_runs_on_two_ranks():
     blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "gradcomp.torch.fsdp(" in b]
     assert len(blocks) == 1, "docs/api.md should have one FSDP2 example"
     assert launch("workers_ddp", "run_python_block", 2, blocks[0]) == [True, True]
+
+
+def test_diloco_doc_example_runs_on_two_ranks():
+    text = (ROOT / "docs" / "api.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "gradcomp.torch.diloco(" in b]
+    assert len(blocks) == 1, "docs/api.md should have one DiLoCo example"
+    assert launch("workers_ddp", "run_python_block", 2, blocks[0]) == [True, True]

@@ -121,6 +121,12 @@ def trains_like_the_reference(rank, world, variant, device="cpu"):
     assert stats["bytes_sent"] > 0 and stats["nonfinite_rounds"] == 0, stats
     if local == 1:
         assert stats["ratio"] > 3.5, stats  # q4 against an fp32 ring allreduce, small buckets' headers included
+    text = d.metrics_text()
+    for line in ("gradcomp_steps_total{", "gradcomp_buckets_total{", "gradcomp_sent_bytes_total{"):
+        assert line in text, text
+    values = {l.split("{")[0]: float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l and not l.startswith("#")}
+    assert values["gradcomp_steps_total"] == steps and values["gradcomp_buckets_total"] == stats["rounds"], values
+    assert 'front_end="diloco"' in text and 'codec="q4"' in text, text
     return stats
 
 

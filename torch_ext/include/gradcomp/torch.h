@@ -190,6 +190,11 @@ class DiLoCo {
   // After each inner optimizer step: counts it and syncs the fragments due (returns how many).
   int step();
   OuterSyncStats stats() const;
+  // This rank's counters in Prometheus's text format, front_end="diloco": a round counts as one
+  // bucket (gradcomp_buckets_total), an inner step as a step, a diverged round as a non-finite
+  // bucket. write_metrics writes them atomically (node_exporter's textfile collector).
+  std::string metrics_text() const;
+  void write_metrics(const std::string& path) const;
   // The parameter positions of each fragment, in order.
   std::vector<std::vector<int64_t>> fragments() const;
   int rank() const;

@@ -1,5 +1,5 @@
-"""Convergence of top-k and its remedies: a small causal transformer with AdamW, and the digits MLP
-with SGD and momentum, on W Gloo ranks (CPU), several seeds; dense DDP beside every codec.
+"""Convergence of top-k and its remedies, FSDP2 and DiLoCo: a small causal transformer with AdamW, and the
+digits MLP with SGD and momentum, on W Gloo ranks (CPU), several seeds; dense DDP beside every codec.
 
 The language model is character-level on the English text of Python's own documentation topics
 (`pydoc_data.topics`, shipped with every CPython: no download). Every method of one task sees
@@ -8,6 +8,7 @@ the same data, initial weights and seeds; only the gradient communication differ
     python bench/convergence.py                       # the full run behind docs/benchmarks.md
     python bench/convergence.py --quick               # CI: short, one seed, asserts the remedy helps
     python bench/convergence.py --tasks lm --methods dense,topk,topk-warmup --seeds 0,1,2
+    python bench/convergence.py --tasks lm --methods dense,q4,diloco-h20-lr1.0-m0 --gbps 0.1   # on a 100 Mbit/s link
 """
 import argparse
 import datetime
@@ -17,6 +18,7 @@ import multiprocessing as mp
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -185,6 +187,7 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     losses = []
+    times = []  # wall time at the end of each step
     t0 = time.perf_counter()
     for step in range(steps):
         if task == "lm":
@@ -199,6 +202,7 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
         opt.step()
         sched.step()
         losses.append(loss.item())
+        times.append(time.perf_counter() - t0)
     seconds = time.perf_counter() - t0
     with torch.no_grad():
         model.eval()
@@ -217,7 +221,7 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
     # Without a hook: what DDP's ring allreduce of the fp32 gradients sends per rank, or FSDP's
     # reduce-scatter (half of it; both FSDP methods also all-gather the parameters alike).
     dense_bytes = (1 if fsdp else 2) * (world - 1) / world * 4 * params
-    result = {"task": task, "method": method, "seed": seed, "steps": steps, "losses": losses,
+    result = {"task": task, "method": method, "seed": seed, "steps": steps, "losses": losses, "times": times,
               "seconds": seconds, **final, "params": params,
               "bytes_per_step": stats["bytes_sent"] / steps if stats else dense_bytes}
     dist.destroy_process_group()
@@ -279,7 +283,7 @@ def print_table(table):
               f"{acc} {r['bytes_per_step'] / 1e3:10.1f}k")
 
 
-def plot(results, path):
+def plot(results, path, wall_time=False):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -293,13 +297,18 @@ def plot(results, path):
             if r["task"] == task and r["method"] not in methods:
                 methods.append(r["method"])
         for method in methods:
-            curves = [r["losses"] for r in results if r["task"] == task and r["method"] == method]
+            runs = [r for r in results if r["task"] == task and r["method"] == method]
+            curves = [r["losses"] for r in runs]
             mean = [statistics.mean(c[i] for c in curves) for i in range(len(curves[0]))]
             window = max(1, len(mean) // 40)
             smooth = [statistics.mean(mean[max(0, i - window):i + 1]) for i in range(len(mean))]
-            ax.plot(smooth, label=method)
-        ax.set_title(f"{task}: training loss (mean over seeds, smoothed)")
-        ax.set_xlabel("step")
+            if wall_time and all("times" in r for r in runs):
+                ax.plot([statistics.mean(r["times"][i] for r in runs) for i in range(len(smooth))], smooth,
+                        label=method)
+            else:
+                ax.plot(smooth, label=method)
+        ax.set_title(f"{task}: training loss (mean over seeds, smoothed)" + (" against wall time" if wall_time else ""))
+        ax.set_xlabel("wall time (s)" if wall_time else "step")
         ax.set_yscale("log")
         ax.legend()
     fig.tight_layout()
@@ -316,10 +325,26 @@ def main():
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--out", default="bench/results/convergence")
     p.add_argument("--merge", default="", help="an earlier convergence.json whose runs of other methods join the table")
+    p.add_argument("--gbps", type=float, default=0.0,
+                   help="run the ranks in a private network namespace whose loopback carries this many Gbit/s "
+                        "per rank (bench/e2e.py's link); the plot is then against wall time")
+    p.add_argument("--in-namespace", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--quick", action="store_true",
                    help="CI: the LM for 150 steps, one seed, dense/topk/topk-warmup-clip/topk-q4warmup-100; asserts the "
                         "remedies beat plain EF")
     a = p.parse_args()
+    if a.gbps > 0 and not a.in_namespace:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from e2e import Link
+
+        link = Link()
+        try:
+            if not link.set_rate(a.gbps * a.world):
+                raise SystemExit(f"--gbps needs a rate-limited network namespace: {link.note}")
+            raise SystemExit(subprocess.call(link.prefix + [sys.executable, os.path.abspath(__file__)] + sys.argv[1:]
+                                             + ["--in-namespace"]))
+        finally:
+            link.close()
     if a.quick:
         a.tasks, a.methods, a.seeds, a.steps = "lm", "dense,topk,topk-warmup-clip,topk-q4warmup-100", "0", 150
     os.makedirs(a.out, exist_ok=True)
@@ -340,10 +365,10 @@ def main():
     table = summarize(results)
     print_table(table)
     meta = {"date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "world": a.world, "ratio": a.ratio}
+            "cpus": os.cpu_count(), "world": a.world, "ratio": a.ratio, "gbps_per_rank": a.gbps or None}
     with open(os.path.join(a.out, "convergence.json"), "w") as f:
         json.dump({"meta": meta, "table": table, "runs": results}, f)
-    plot(results, os.path.join(a.out, "convergence.png"))
+    plot(results, os.path.join(a.out, "convergence.png"), wall_time=a.gbps > 0)
     if a.quick:
         by = {r["method"]: r["val_loss"] for r in table}
         for remedy in ("topk-warmup-clip", "topk-q4warmup-100"):

@@ -130,7 +130,7 @@ gradcomp::CodecSpec codec_spec(const Flags& f) {
     return topk;
   }
   if (codec == "topk-q4warmup") {
-    // q4 for the first --q4-warmup steps, then top-k: the setting for Adam-family optimizers.
+    // q4 for the first --q4-warmup steps, then top-k (with Adam-family optimizers: prefer q4).
     gradcomp::TopK topk;
     topk.ratio = f.real("ratio", 0.01);
     topk.seed = seed;

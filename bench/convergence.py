@@ -46,15 +46,15 @@ METHODS = {
     "fsdp-q4": ({"codec": "q4"}, None),
 }
 # DiLoCo: no per-step synchronisation; every H steps the q4 outer gradient and the outer Nesterov SGD.
-# "diloco-h<H>[-lr<outer lr>][-m<outer momentum>][-f<fragments>]", e.g. diloco-h50-lr1.0-m0.5.
+# "diloco-h<H>[-lr<outer lr>][-m<outer momentum>][-f<fragments>][-ilr<inner lr>]", e.g. diloco-h50-lr1.0-m0.5.
 
 
 def method_spec(method):
     if not method.startswith("diloco-"):
         return METHODS[method]
-    options = {"h": 100, "lr": 0.7, "m": 0.9, "f": 1}
+    options = {"h": 100, "lr": 0.7, "m": 0.9, "f": 1, "ilr": 0.0}
     for token in method.split("-")[1:]:
-        key = next(k for k in ("lr", "h", "m", "f") if token.startswith(k))
+        key = next(k for k in ("ilr", "lr", "h", "m", "f") if token.startswith(k))
         options[key] = type(options[key])(token[len(key):])
     return {"codec": "q4", "diloco": options}, None
 # The learning rates of plain SGD under momentum correction.
@@ -168,7 +168,7 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
     else:
         ddp = nn.parallel.DistributedDataParallel(model)
     if opt_kind == "adamw":
-        opt = torch.optim.AdamW(ddp.parameters(), lr=2e-3, weight_decay=0.01)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=(diloco or {}).get("ilr") or 2e-3, weight_decay=0.01)
     elif opt_kind in DGC_LR:
         opt = torch.optim.SGD(ddp.parameters(), lr=DGC_LR[opt_kind], momentum=0.0)
     else:

@@ -11,8 +11,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
 
 def register_powersgd_per_bucket(ddp, rank=4, start_iter=2):
-    # A bucket holds at least one parameter, so there are never more buckets than parameters.
-    count = len([p for p in ddp.module.parameters() if p.requires_grad])
+    # A bucket holds at least one parameter, and closes once it passes DDP's cap (the first one a
+    # smaller cap): at most one more bucket than caps the gradients fill, plus the first.
+    params = [p for p in ddp.module.parameters() if p.requires_grad]
+    total = sum(p.numel() * p.element_size() for p in params)
+    count = min(len(params), 2 + -(-total // ddp.bucket_bytes_cap))
     states = [powerSGD_hook.PowerSGDState(process_group=dist.new_group(), matrix_approximation_rank=rank,
                                           start_powerSGD_iter=start_iter, use_error_feedback=True, warm_start=True)
               for _ in range(count)]

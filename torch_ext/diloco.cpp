@@ -1,5 +1,6 @@
 // DiLoCo over a c10d group: gradcomp::OuterSync on the parameters' device, and its checkpoints.
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "diloco_state.h"
@@ -7,8 +8,10 @@
 #include "parameter_agreement.h"
 #include "process_group_communicator.h"
 #include "tensor_params.h"
+#include "torch_compat.h"
 
 #if defined(GRADCOMP_HAVE_CUDA)
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -52,6 +55,7 @@ std::map<std::string, at::Tensor> outer_state_tensors(const OuterSyncState& s, i
   std::map<std::string, at::Tensor> m;
   m["format"] = scalar(kStateFormat);
   m["world_size"] = scalar(world_size);
+  m["inner_steps"] = scalar(s.inner_steps);
   m["inner_step"] = scalar(static_cast<int64_t>(s.inner_step));
   std::vector<int64_t> rounds(s.rounds.begin(), s.rounds.end());
   m["rounds"] = at::tensor(rounds, at::TensorOptions().dtype(at::kLong));
@@ -77,13 +81,23 @@ OuterSyncState outer_state_from_tensors(const std::function<at::Tensor(const std
                    "DiLoCo state: " << name << " holds " << t.numel() << " values, not one");
     return t.item<int64_t>();
   };
-  GRADCOMP_CHECK(one("format") == kStateFormat,
-                 "not a gradcomp DiLoCo state (format " << kStateFormat << ")");
+  const int64_t format = one("format");
+  GRADCOMP_CHECK(format == kStateFormat, "not a gradcomp DiLoCo state of format "
+                                             << kStateFormat << " (its format is " << format
+                                             << ")");
+  // A count the core keeps in `bits` bits, or an error naming it.
+  auto count = [](int64_t v, const std::string& name, int bits) {
+    GRADCOMP_CHECK(v >= 0 && (bits >= 63 || v < (int64_t{1} << bits)),
+                   "DiLoCo state: " << name << " is " << v << ", not a count");
+    return v;
+  };
   OuterSyncState s;
-  s.inner_step = static_cast<uint64_t>(one("inner_step"));
+  s.inner_steps = static_cast<uint32_t>(count(one("inner_steps"), "inner_steps", 32));
+  s.inner_step = static_cast<uint64_t>(count(one("inner_step"), "inner_step", 63));
   const at::Tensor rounds = checked(get("rounds"), at::kLong, "rounds");
   for (int64_t f = 0; f < rounds.numel(); ++f) {
-    s.rounds.push_back(static_cast<uint32_t>(rounds[f].item<int64_t>()));
+    s.rounds.push_back(static_cast<uint32_t>(
+        count(rounds[f].item<int64_t>(), "rounds[" + std::to_string(f) + "]", 32)));
     for (const char* kind : {"anchor.", "momentum."}) {
       const std::string name = kind + std::to_string(f);
       const at::Tensor t = checked(get(name), at::kFloat, name);
@@ -96,6 +110,7 @@ OuterSyncState outer_state_from_tensors(const std::function<at::Tensor(const std
   auto residuals = [&](const std::string& kind, std::map<uint64_t, std::vector<uint8_t>>& out) {
     const at::Tensor ids = checked(get(kind + "_ids"), at::kLong, kind + "_ids");
     for (int64_t i = 0; i < ids.numel(); ++i) {
+      count(ids[i].item<int64_t>(), kind + "_ids[" + std::to_string(i) + "]", 63);
       const std::string name = kind + "." + std::to_string(ids[i].item<int64_t>());
       const at::Tensor t = checked(get(name), at::kByte, name);
       std::vector<uint8_t> b(static_cast<size_t>(t.numel()));
@@ -120,6 +135,7 @@ struct DiLoCo::Impl {
   Impl(std::vector<at::Tensor> params, c10::intrusive_ptr<c10d::ProcessGroup> group,
        const CodecSpec& codec, DiLoCoOptions options)
       : params_(std::move(params)), group_(std::move(group)), options_(std::move(options)) {
+    options_.outer.validate();  // before any collective, so a bad option fails alike everywhere
     GRADCOMP_CHECK(!params_.empty(), "DiLoCo: no parameters");
     GRADCOMP_CHECK(group_, "DiLoCo: no process group");
     const EngineOptions engine = engine_options(codec);
@@ -137,6 +153,7 @@ struct DiLoCo::Impl {
                      "DiLoCo: parameter " << i << " is not a contiguous dense tensor");
       outer.push_back(
           {p.data_ptr(), p.numel(), torch_ext::to_dtype(p.scalar_type(), "DiLoCo parameter")});
+      data_.push_back(p.data_ptr());
     }
     torch_ext::check_same_model_on_every_rank(params_, *group_, device_, "DiLoCo");
     if (options_.broadcast_parameters) torch_ext::broadcast_parameters(params_, *group_);
@@ -145,10 +162,12 @@ struct DiLoCo::Impl {
     if (device_.is_cpu()) backend_ = make_cpu_backend(1);
 #if defined(GRADCOMP_HAVE_CUDA)
     if (device_.is_cuda()) {
-      // The stream current now, which the inner optimizer's steps are expected to use as well.
+      // A stream of its own; step() orders it after the stream the optimizer stepped on, and that
+      // stream after the parameters it writes back.
+      stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index()).unwrap();
       cuda::CudaBackendOptions o;
       o.device = device_.index();
-      o.stream = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+      o.stream = c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, *stream_).stream();
       backend_ = cuda::make_cuda_backend(o);
     }
 #endif
@@ -183,6 +202,8 @@ struct DiLoCo::Impl {
   torch_ext::NodeCommunicators node_comms_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<OuterSync> sync_;
+  std::vector<const void*> data_;      // each parameter's memory when the DiLoCo was made
+  std::optional<c10::Stream> stream_;  // CUDA: the backend's stream
 };
 
 DiLoCo::DiLoCo(std::vector<at::Tensor> parameters, c10::intrusive_ptr<c10d::ProcessGroup> group,
@@ -198,7 +219,31 @@ DiLoCo::~DiLoCo() = default;
 
 int DiLoCo::step() {
   at::NoGradGuard no_grad;
-  return impl_->sync_->step();
+  Impl& d = *impl_;
+  for (size_t i = 0; i < d.params_.size(); ++i)
+    GRADCOMP_CHECK(d.params_[i].data_ptr() == d.data_[i],
+                   "DiLoCo: parameter " << i << " now lives elsewhere in memory (its .data was "
+                                        << "replaced, or a state dict was loaded with assign=True) "
+                                        << "since the DiLoCo was made; make it after that");
+#if defined(GRADCOMP_HAVE_CUDA)
+  if (d.device_.is_cuda()) {
+    c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(d.device_.index());
+    c10::cuda::CUDAStream own(c10::cuda::CUDAStream::UNCHECKED, *d.stream_);
+    torch_ext::compat::CudaEvent stepped, synced;
+    stepped.record(current);
+    stepped.block(own);
+    int done = 0;
+    {
+      // c10d orders its collectives after the current stream: the backend's, while it runs.
+      c10::cuda::CUDAStreamGuard guard(own);
+      done = d.sync_->step();
+    }
+    synced.record(own);
+    synced.block(current);
+    return done;
+  }
+#endif
+  return d.sync_->step();
 }
 
 OuterSyncStats DiLoCo::stats() const {

@@ -374,7 +374,13 @@ PYBIND11_MODULE(_C, m) {
           return outer_state_from_tensors(
               [&](const std::string& name) {
                 GRADCOMP_CHECK(state.contains(name), "DiLoCo state_dict has no '" << name << "'");
-                return state[py::str(name)].cast<at::Tensor>();
+                const py::object value = state[py::str(name)];
+                GRADCOMP_CHECK(THPVariable_Check(value.ptr()),
+                               "DiLoCo state_dict['"
+                                   << name << "'] is a "
+                                   << py::type::of(value).attr("__name__").cast<std::string>()
+                                   << ", not a tensor");
+                return value.cast<at::Tensor>();
               },
               d.world_size());
         });

@@ -49,8 +49,13 @@ Projection project(double p, double gbps, double gpus, double nodes, double nvli
   const double fp8_node_bytes =
       (gpus * (world - gpus) / world + (world - 1) / world) * p * (1.0 + 4.0 / 128);
   r.fp8 = r.compute + std::max(0.0, fp8_node_bytes / link + 2.0 * p * 6.0 / 4.3e12 - hide);
-  // DiLoCo: the hierarchical q4 exchange once every H steps, between steps (nothing hides it).
-  r.diloco = r.compute + (intra + r.hier_q4_node_bytes / link + codec(p / gpus)) / diloco_h;
+  // DiLoCo: the hierarchical q4 exchange once every H steps, between steps (nothing hides it),
+  // plus its host staging: the parameters to the host and back and the outer gradient both ways
+  // (16 bytes per element at ~50 GB/s over PCIe) and the outer step's host loops (~2 ns per
+  // element on one core).
+  const double staging = p * 16.0 / 50e9 + p * 2e-9;
+  r.diloco =
+      r.compute + (intra + r.hier_q4_node_bytes / link + codec(p / gpus) + staging) / diloco_h;
   return r;
 }
 

@@ -2,6 +2,7 @@
 #include "gradcomp/outer_sync.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -13,7 +14,7 @@ namespace gradcomp {
 
 void OuterSyncOptions::validate() const {
   GRADCOMP_CHECK(inner_steps >= 1, "DiLoCo inner_steps must be at least 1, got " << inner_steps);
-  GRADCOMP_CHECK(outer_lr > 0.0f && outer_lr == outer_lr,
+  GRADCOMP_CHECK(outer_lr > 0.0f && std::isfinite(outer_lr),
                  "DiLoCo outer_lr must be positive, got " << outer_lr);
   GRADCOMP_CHECK(outer_momentum >= 0.0f && outer_momentum < 1.0f,
                  "DiLoCo outer_momentum must be in [0, 1), got " << outer_momentum);
@@ -38,6 +39,7 @@ OuterSync::OuterSync(Communicator& comm, Backend& backend, const CompressionConf
   options_.validate();
   allreduce_ = std::make_unique<CompressedAllreduce>(comm, backend, config);
   world_ = comm.world_size();
+  agreement_ = {{&comm, "the group"}};
   init(std::move(params));
 }
 
@@ -49,6 +51,7 @@ OuterSync::OuterSync(NodeGroups groups, Backend& backend, const CompressionConfi
                  "DiLoCo's hierarchical allreduce needs both node groups");
   allreduce_ = std::make_unique<CompressedAllreduce>(groups, backend, config);
   world_ = groups.intra_node->world_size() * groups.inter_node->world_size();
+  agreement_ = {{groups.intra_node, "this node"}, {groups.inter_node, "the group across nodes"}};
   nodes_ = groups.inter_node->world_size();
   init(std::move(params));
 }
@@ -161,10 +164,43 @@ void OuterSync::write_params(const Fragment& f, const std::vector<float>& values
   }
 }
 
+void OuterSync::agree(uint32_t fragment) {
+  struct Position {
+    uint64_t inner_step;
+    uint32_t fragment, round, inner_steps, fragments;
+  };
+  const Position mine{inner_step_, fragment, fragments_[fragment].round, options_.inner_steps,
+                      static_cast<uint32_t>(fragments_.size())};
+  for (const auto& [comm, name] : agreement_) {
+    const int world = comm->world_size();
+    if (world == 1) continue;
+    std::vector<Position> all(static_cast<size_t>(world));
+    detail::BackendBuffer send(backend_, sizeof(Position));
+    detail::BackendBuffer recv(backend_, sizeof(Position) * all.size());
+    backend_.copy_from_host(send.get(), &mine, sizeof(Position));
+    comm->all_gather(send.get(), recv.get(), sizeof(Position));
+    backend_.copy_to_host(all.data(), recv.get(), sizeof(Position) * all.size());
+    for (int w = 0; w < world; ++w) {
+      const Position& o = all[static_cast<size_t>(w)];
+      GRADCOMP_CHECK(
+          std::memcmp(&o, &mine, sizeof(Position)) == 0,
+          "DiLoCo: ranks disagree before a sync: this rank (rank "
+              << comm->rank() << " of " << name << ") is at inner step " << mine.inner_step
+              << ", fragment " << mine.fragment << " round " << mine.round << " (H "
+              << mine.inner_steps << ", " << mine.fragments << " fragments); rank " << w
+              << " at inner step " << o.inner_step << ", fragment " << o.fragment << " round "
+              << o.round << " (H " << o.inner_steps << ", " << o.fragments
+              << " fragments). Every rank must run with the same H and fragments and resume from "
+                 "the same round");
+    }
+  }
+}
+
 void OuterSync::sync_fragment(uint32_t index) {
   GRADCOMP_CHECK(index < fragments_.size(),
                  "DiLoCo fragment " << index << " of " << fragments_.size());
   const auto start = std::chrono::steady_clock::now();
+  agree(index);
   Fragment& f = fragments_[index];
   const size_t n = static_cast<size_t>(f.numel);
   std::vector<float> params;
@@ -208,6 +244,7 @@ void OuterSync::sync_fragment(uint32_t index) {
 
 OuterSyncState OuterSync::state() const {
   OuterSyncState s;
+  s.inner_steps = options_.inner_steps;
   s.inner_step = inner_step_;
   for (const Fragment& f : fragments_) {
     s.rounds.push_back(f.round);
@@ -220,15 +257,43 @@ OuterSyncState OuterSync::state() const {
 
 void OuterSync::load_state(const OuterSyncState& s) {
   const size_t count = fragments_.size();
+  GRADCOMP_CHECK(s.inner_steps == options_.inner_steps, "DiLoCo state saved with inner_steps (H) "
+                                                            << s.inner_steps << ", this run has "
+                                                            << options_.inner_steps);
   GRADCOMP_CHECK(s.rounds.size() == count && s.anchors.size() == count && s.momenta.size() == count,
-                 "DiLoCo state has " << s.anchors.size() << " fragments, this run has " << count);
+                 "DiLoCo state has " << s.rounds.size() << " fragment rounds, " << s.anchors.size()
+                                     << " anchors and " << s.momenta.size()
+                                     << " momenta; this run has " << count << " fragments");
   for (size_t f = 0; f < count; ++f) {
     const size_t n = static_cast<size_t>(fragments_[f].numel);
     GRADCOMP_CHECK(s.anchors[f].size() == n && s.momenta[f].size() == n,
                    "DiLoCo state's fragment " << f << " holds " << s.anchors[f].size()
                                               << " elements, this run's holds " << n
                                               << " (another model or fragment split)");
+    for (size_t e = 0; e < n; ++e)
+      GRADCOMP_CHECK(std::isfinite(s.anchors[f][e]) && std::isfinite(s.momenta[f][e]),
+                     "DiLoCo state's fragment " << f << " holds a non-finite anchor or momentum "
+                                                << "at element " << e);
   }
+  // Residuals: only of this run's fragments, each of the size its allreduce keeps.
+  const int local = allreduce_->local_world_size();
+  const int peers = world_ / local;  // the ranks each shard's compressed allreduce spans
+  auto check = [&](const std::map<uint64_t, std::vector<uint8_t>>& m, bool chunk) {
+    for (const auto& [id, bytes] : m) {
+      GRADCOMP_CHECK(id < count, "DiLoCo state holds a residual of fragment "
+                                     << id << " but this run has " << count << " fragments");
+      const int64_t numel =
+          local > 1 ? node_shard_numel(fragments_[id].numel, local) : fragments_[id].numel;
+      const uint64_t want = chunk ? chunk_residual_bytes(allreduce_->config(), numel, peers)
+                                  : residual_bytes(allreduce_->config(), numel);
+      GRADCOMP_CHECK(bytes.size() == want,
+                     "DiLoCo state's " << (chunk ? "chunk " : "") << "residual of fragment " << id
+                                       << " holds " << bytes.size() << " bytes, this run keeps "
+                                       << want << " (another world size or codec)");
+    }
+  };
+  check(s.compression.residuals, false);
+  check(s.compression.chunk_residuals, true);
   allreduce_->load_state(s.compression);
   inner_step_ = s.inner_step;
   for (size_t f = 0; f < count; ++f) {

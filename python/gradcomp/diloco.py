@@ -31,7 +31,7 @@ class DiLoCo:
     outer momentum, round counters, residuals; save the model and the inner optimizer beside it)."""
 
     def __init__(self, params, optimizer=None, codec=None, *, inner_steps=100, outer_lr=0.7, outer_momentum=0.9,
-                 nesterov=True, fragments=1, process_group=None, local_world_size=1, timeout=None):
+                 nesterov=True, fragments=1, process_group=None, local_world_size=None, timeout=None):
         codec = Q4() if codec is None else codec
         if isinstance(codec, NoCompression) or not isinstance(codec, (Q4, TopK)):
             raise ValueError(f"gradcomp DiLoCo sends outer gradients compressed: pass gradcomp.Q4 or gradcomp.TopK, "
@@ -46,7 +46,10 @@ class DiLoCo:
         for i, p in enumerate(self.params):
             if not isinstance(p, torch.Tensor) or type(p.data) is not torch.Tensor:
                 raise ValueError(f"gradcomp DiLoCo: parameter {i} is a {type(p.data).__name__}, not a plain tensor "
-                                 f"(DiLoCo replaces DDP and FSDP: do not wrap the model)")
+                                 f"(a sharded or wrapped parameter: DiLoCo needs every rank's whole parameters)")
+            if getattr(p, "_is_flat_param", False):
+                raise ValueError(f"gradcomp DiLoCo: parameter {i} is FSDP's flat parameter (a shard): DiLoCo replaces "
+                                 f"FSDP; pass the unwrapped model")
         self.codec = codec
         self.process_group = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
         intra, inter = node_groups(self.process_group, local_world_size)
@@ -90,12 +93,22 @@ def diloco(model, optimizer=None, codec=None, **options) -> DiLoCo:
     """DiLoCo over ``model`` (a module, or its parameters) with ``optimizer`` as the inner optimizer.
 
     Every rank must call it (it broadcasts rank 0's parameters, so a resumed run loads its model,
-    optimizer and DiLoCo checkpoints after it: mid-round each rank's parameters are its own). Options: ``inner_steps`` (H, 100),
-    ``outer_lr`` (0.7), ``outer_momentum`` (0.9), ``nesterov`` (True), ``fragments`` (1; streaming: the
-    parameters in this many fragments whose rounds are staggered), ``process_group``, ``local_world_size``
-    (ranks per node for the hierarchical allreduce; None: the launcher's), ``timeout`` (seconds).
+    optimizer and DiLoCo checkpoints after it: mid-round each rank's parameters are its own). Options:
+    ``inner_steps`` (H, 100), ``outer_lr`` (0.7), ``outer_momentum`` (0.9), ``nesterov`` (True), ``fragments``
+    (1; streaming: the parameters in this many fragments whose rounds are staggered), ``process_group``,
+    ``local_world_size`` (ranks per node for the hierarchical allreduce; None, the default: the launcher's
+    ranks per node when the job spans several nodes, as ``register``'s), ``timeout`` (seconds). Only
+    parameters are synced: buffers (BatchNorm's statistics) stay each rank's own.
     """
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        raise ValueError("gradcomp DiLoCo replaces DDP: pass the unwrapped model (DDP would average every step)")
+    if isinstance(model, torch.nn.Module):
+        group = options.get("process_group")
+        for m in model.modules():
+            if isinstance(m, torch.nn.parallel.DistributedDataParallel) and (
+                    group is None or m.process_group is group):
+                raise ValueError("gradcomp DiLoCo replaces DDP over the same ranks: pass the unwrapped model (DDP "
+                                 "would average every step); DDP inside a node with DiLoCo across nodes passes "
+                                 "ddp.module and process_group=<the group across nodes>")
+            if type(m).__name__ == "FullyShardedDataParallel":
+                raise ValueError("gradcomp DiLoCo replaces FSDP: pass the unwrapped model")
     params = model.parameters() if isinstance(model, torch.nn.Module) else model
     return DiLoCo(params, optimizer, codec, **options)

@@ -134,10 +134,6 @@ TEST(OuterSync, FragmentsSplitTheParametersAndSyncStaggered) {
     for (uint64_t t = 1; t <= 12; ++t) {
       ranks.inner_step(r, t);
       if (sync.step() > 0) synced_at.push_back(t);
-      // Only the fragment that synced is shared: after step 3 tensors 2 and 3 agree, 0 and 1 not.
-      if (t == 3 && r == 1) {
-        EXPECT_NE(ranks.params[0][0], ranks.params[1][0]);
-      }
     }
     EXPECT_EQ(synced_at, (std::vector<uint64_t>{3, 6, 9, 12}));
     EXPECT_EQ(sync.stats().rounds, 4u);
@@ -146,6 +142,55 @@ TEST(OuterSync, FragmentsSplitTheParametersAndSyncStaggered) {
   EXPECT_EQ(ranks.params[0][0], ranks.params[1][0]);
   EXPECT_EQ(ranks.params[0][1], ranks.params[1][1]);
   EXPECT_NE(ranks.params[0][2], ranks.params[1][2]);
+}
+
+TEST(OuterSync, EveryFragmentHoldsATensorAndTheOffsetsAreTheirShareOfH) {
+  const int world = 2;
+  Ranks ranks(world, {10, 300, 20, 20, 200});
+  OuterSyncOptions o;
+  o.inner_steps = 5;
+  o.fragments = 3;
+  InProcessGroup group(world);
+  run_ranks(group, [&](int r, Communicator& comm) {
+    auto backend = make_cpu_backend();
+    OuterSync sync(comm, *backend, q4_config(), o, ranks.outer_params(r));
+    size_t covered = 0;
+    for (uint32_t f = 0; f < 3; ++f) {
+      EXPECT_FALSE(sync.fragment_params(f).empty()) << "fragment " << f;
+      covered += sync.fragment_params(f).size();
+    }
+    EXPECT_EQ(covered, 5u);
+    // Offsets floor(f * 5 / 3) = 0, 1, 3: fragment 1 after steps 1, 6, 11; fragment 2 after 3, 8.
+    std::vector<std::vector<uint64_t>> at(3);
+    for (uint64_t t = 1; t <= 11; ++t)
+      for (uint32_t f = 0; f < 3; ++f)
+        if (sync.due(f, t)) at[f].push_back(t);
+    EXPECT_EQ(at[0], (std::vector<uint64_t>{5, 10}));
+    EXPECT_EQ(at[1], (std::vector<uint64_t>{1, 6, 11}));
+    EXPECT_EQ(at[2], (std::vector<uint64_t>{3, 8}));
+  });
+}
+
+TEST(OuterSync, RanksOfAnotherHAreNamedInsteadOfAveragingAtDifferentSteps) {
+  const int world = 2;
+  Ranks ranks(world, {64, 64});
+  std::vector<std::string> errors;
+  InProcessGroup group(world, 5.0);
+  run_ranks(
+      group,
+      [&](int r, Communicator& comm) {
+        auto backend = make_cpu_backend();
+        OuterSyncOptions o;
+        o.inner_steps = r == 0 ? 2 : 3;  // rank 1 was started with another H
+        OuterSync sync(comm, *backend, q4_config(), o, ranks.outer_params(r));
+        for (uint32_t t = 0; t < o.inner_steps; ++t) sync.step();
+      },
+      &errors);
+  ASSERT_EQ(errors.size(), 2u);
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("ranks disagree before a sync"), std::string::npos) << e;
+    EXPECT_NE(e.find("(H 2, 1 fragments)"), std::string::npos) << e;
+  }
 }
 
 TEST(OuterSync, NonFiniteMeanResetsToTheAnchorOnEveryRankAndKeepsTheState) {
@@ -214,10 +259,52 @@ TEST(OuterSync, StateResumesBitForBit) {
       sync.load_state(saved[r]);
       ADD_FAILURE() << "a two-fragment state loaded into one fragment";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("2 fragments"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("this run has 1 fragments"), std::string::npos)
+          << e.what();
     }
     EXPECT_EQ(sync.state().inner_step, 0u);
   });
+}
+
+TEST(OuterSync, LoadRefusesAnotherHResidualsOfOtherSizesAndNonFiniteAnchors) {
+  const int world = 2;
+  Ranks ranks(world, {128, 64});
+  OuterSyncOptions o;
+  o.inner_steps = 2;
+  std::vector<OuterSyncState> saved(world);
+  InProcessGroup group(world);
+  run_ranks(group, [&](int r, Communicator& comm) {
+    auto backend = make_cpu_backend();
+    OuterSync sync(comm, *backend, q4_config(), o, ranks.outer_params(r));
+    sync.step();
+    sync.step();
+    saved[r] = sync.state();
+    ASSERT_EQ(saved[r].compression.residuals.size(), 1u);
+  });
+  auto backend = make_cpu_backend();
+  InProcessGroup one(1);
+  auto refused = [&](OuterSyncOptions opts, const OuterSyncState& s, const std::string& what) {
+    OuterSync sync(one.communicator(0), *backend, q4_config(), opts, ranks.outer_params(0));
+    try {
+      sync.load_state(s);
+      ADD_FAILURE() << "loaded: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(sync.state().inner_step, 0u) << "a refused state changed something";
+  };
+  OuterSyncOptions other = o;
+  other.inner_steps = 3;
+  refused(other, saved[0], "saved with inner_steps (H) 2, this run has 3");
+  OuterSyncState s = saved[0];
+  s.compression.residuals[7] = s.compression.residuals[0];
+  refused(o, s, "residual of fragment 7 but this run has 1 fragments");
+  s = saved[0];
+  s.compression.residuals[0].resize(8);
+  refused(o, s, "holds 8 bytes, this run keeps");
+  s = saved[0];
+  s.anchors[0][5] = NAN;
+  refused(o, s, "non-finite anchor or momentum at element 5");
 }
 
 TEST(OuterSync, HierarchicalRoundsAgreeOnEveryRank) {

@@ -214,4 +214,23 @@ def refuses_what_it_cannot_do(rank, world, path):
     assert "Q4 or gradcomp.TopK" in problems.get("codec", ""), problems
     assert "inner_steps" in problems.get("inner_steps", ""), problems
     assert "outer_momentum must be in [0, 1)" in problems.get("momentum", ""), problems
+    # Damaged or foreign states are refused whole, naming what is wrong; the DiLoCo keeps working.
+    good = d.state_dict()
+    bad = {
+        "inner_step is -3, not a count": {**good, "inner_step": torch.tensor([-3])},
+        "no 'anchor.1'": {k: v for k, v in good.items() if k != "anchor.1"},
+        "is a str, not a tensor": {**good, "seed": "7"},
+        "saved with inner_steps (H) 4, this run has 3": {**good, "inner_steps": torch.tensor([4])},
+        "its format is 9": {**good, "format": torch.tensor([9])},
+        "anchor.0 is not a 1-D Float tensor": {**good, "anchor.0": good["anchor.0"].double()},
+    }
+    for what, state in bad.items():
+        try:
+            d.load_state_dict(state)
+        except RuntimeError as e:
+            assert what in str(e), (what, str(e))
+        else:
+            raise AssertionError(f"loaded a state where {what}")
+    run_steps(model, opt, rank, range(1, 4))
+    assert d.stats()["rounds"] == 2, d.stats()  # both fragments synced once after three steps
     return True

@@ -46,6 +46,7 @@ struct OuterSyncStats {
 
 // Everything an exact resume needs, per rank. Anchors and momenta are the same on every rank.
 struct OuterSyncState {
+  uint32_t inner_steps = 0;  // H and the fragment count of the run that saved it (checked at load)
   uint64_t inner_step = 0;
   std::vector<uint32_t> rounds;             // per fragment
   std::vector<std::vector<float>> anchors;  // per fragment: its parameters at the last sync
@@ -63,7 +64,13 @@ struct OuterSyncState {
 // bits keyed by the fragment's round; residuals kept across rounds) -> buf = mu * buf + g;
 // anchor -= lr * (g + mu * buf) (Nesterov) -> param = anchor, rounded to the parameter's dtype.
 // When the mean is not finite (a rank diverged), every rank resets the fragment's parameters to
-// its anchor, and the anchor, the buffer and the residuals stay as they were.
+// its anchor, and the anchor, the buffer and the residuals stay as they were (the diverged rank's
+// inner optimizer state is the program's to restore).
+//
+// Before each sync the ranks agree that they are at the same inner step, fragment and round,
+// with the same H and fragment count (a small allgather; inside and then across nodes when
+// hierarchical): ranks started with other settings, or resumed from different checkpoints, get
+// an Error naming both positions instead of averaging different rounds.
 class OuterSync {
  public:
   OuterSync(Communicator& comm, Backend& backend, const CompressionConfig& config,
@@ -90,8 +97,9 @@ class OuterSync {
   OuterSyncStats stats() const { return stats_; }
 
   OuterSyncState state() const;
-  // Refuses a state of another layout (fragment count or sizes) with an Error, changing nothing.
-  // The parameters are left as they are: restore them (the model's checkpoint) as well.
+  // Refuses a state of another layout (H, fragment count or sizes, residual sizes) or with
+  // non-finite anchors or momenta with an Error, changing nothing. The parameters are left as
+  // they are: restore them (the model's checkpoint) as well.
   void load_state(const OuterSyncState& state);
 
  private:
@@ -100,10 +108,15 @@ class OuterSync {
   // The fragment's parameters in fp32 on the host, or written back from it.
   void read_params(const Fragment& f, std::vector<float>& out) const;
   void write_params(const Fragment& f, const std::vector<float>& values);
+  // Raises unless every rank is about to sync `fragment` at the same inner step and round.
+  void agree(uint32_t fragment);
 
   Backend& backend_;
   OuterSyncOptions options_;
   std::unique_ptr<CompressedAllreduce> allreduce_;
+  // The groups the ranks' agreement before a sync goes through: all ranks, or the node's and
+  // then this local rank's across nodes.
+  std::vector<std::pair<Communicator*, const char*>> agreement_;
   std::vector<OuterParam> params_;
   std::vector<Fragment> fragments_;
   int world_ = 1;

@@ -92,7 +92,8 @@ void OuterSync::init(std::vector<OuterParam> params) {
     }
     fr.end = i;
     fr.momentum.assign(static_cast<size_t>(fr.numel), 0.0f);
-    read_params(fr, fr.anchor);
+    fr.anchor.resize(static_cast<size_t>(fr.numel));
+    read_params(fr, fr.anchor.data());
     fr.gradient = detail::BackendBuffer(backend_, static_cast<size_t>(fr.numel) * sizeof(float));
   }
 }
@@ -127,8 +128,7 @@ int OuterSync::step() {
   return synced;
 }
 
-void OuterSync::read_params(const Fragment& f, std::vector<float>& out) const {
-  out.resize(static_cast<size_t>(f.numel));
+void OuterSync::read_params(const Fragment& f, float* out) const {
   std::vector<uint8_t> staged;
   int64_t at = 0;
   for (int64_t i = f.first; i < f.end; ++i) {
@@ -203,34 +203,26 @@ void OuterSync::sync_fragment(uint32_t index) {
   agree(index);
   Fragment& f = fragments_[index];
   const size_t n = static_cast<size_t>(f.numel);
-  std::vector<float> params;
-  read_params(f, params);
-  // The outer gradient, in place of the parameters' copy.
-  for (size_t e = 0; e < n; ++e) params[e] = math::outer_gradient(f.anchor[e], params[e]);
-  std::vector<float>& g = params;
-  float* device_g = reinterpret_cast<float*>(f.gradient.get());
-  if (backend_.is_cuda()) {
-    backend_.copy_from_host(device_g, g.data(), n * sizeof(float));
-  } else {
-    std::memcpy(device_g, g.data(), n * sizeof(float));
-  }
+  // The outer gradient, in place of the parameters' fp32 copy: on the CPU that copy is the
+  // allreduce's buffer itself, on CUDA a host one staged to it and back.
+  float* buffer = reinterpret_cast<float*>(f.gradient.get());
+  std::vector<float> host(backend_.is_cuda() ? n : 0);
+  float* g = backend_.is_cuda() ? host.data() : buffer;
+  read_params(f, g);
+  for (size_t e = 0; e < n; ++e) g[e] = math::outer_gradient(f.anchor[e], g[e]);
+  if (backend_.is_cuda()) backend_.copy_from_host(buffer, g, n * sizeof(float));
   allreduce_->set_step(f.round);
-  const Segment segment{device_g, 0, f.numel};
+  const Segment segment{buffer, 0, f.numel};
   const bool finite = allreduce_->allreduce(&segment, 1, DType::kFloat32, index);
   stats_.bytes_sent +=
       nodes_ > 0
           ? inter_node_bytes_sent(allreduce_->config(), f.numel, nodes_, world_ / nodes_, f.round) +
                 intra_node_bytes_sent(f.numel, DType::kFloat32, world_ / nodes_, backend_.is_cuda())
           : compressed_allreduce_bytes_sent(allreduce_->config(), f.numel, world_, f.round);
-  stats_.uncompressed_bytes +=
-      world_ > 1 ? 2 * uint64_t(world_ - 1) * uint64_t(f.numel) * sizeof(float) / world_ : 0;
+  stats_.uncompressed_bytes += ring_allreduce_bytes(f.numel, DType::kFloat32, world_);
   ++stats_.rounds;
   if (finite) {
-    if (backend_.is_cuda()) {
-      backend_.copy_to_host(g.data(), device_g, n * sizeof(float));
-    } else {
-      std::memcpy(g.data(), device_g, n * sizeof(float));
-    }
+    if (backend_.is_cuda()) backend_.copy_to_host(g, buffer, n * sizeof(float));
     for (size_t e = 0; e < n; ++e)
       f.anchor[e] = math::outer_sgd(f.anchor[e], g[e], &f.momentum[e], options_.outer_lr,
                                     options_.outer_momentum, options_.nesterov);

@@ -61,8 +61,7 @@ class DiLoCo:
 
     def step(self) -> int:
         """Counts one inner step and syncs the fragments due; returns how many synced."""
-        with torch.no_grad():
-            return self._native.step()
+        return self._native.step()
 
     def fragments(self):
         """The parameter positions of each fragment (streaming DiLoCo), in order."""

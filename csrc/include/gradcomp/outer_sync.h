@@ -106,7 +106,7 @@ class OuterSync {
   struct Fragment;
   void init(std::vector<OuterParam> params);
   // The fragment's parameters in fp32 on the host, or written back from it.
-  void read_params(const Fragment& f, std::vector<float>& out) const;
+  void read_params(const Fragment& f, float* out) const;
   void write_params(const Fragment& f, const std::vector<float>& values);
   // Raises unless every rank is about to sync `fragment` at the same inner step and round.
   void agree(uint32_t fragment);

@@ -54,7 +54,8 @@ struct Q4DecodeParams {
   float divisor = 1.0f;
   int32_t* status = nullptr;      // CUDA: device word receiving the first PayloadStatus seen
   uint32_t* nonfinite = nullptr;  // optional: set non-zero when a decoded block is non-finite
-  uint64_t* body_sums = nullptr;  // CUDA: num_payloads zeroed device words
+  uint64_t* body_sums = nullptr;  // CUDA: num_payloads + 1 zeroed device words (v2 counts
+                                  // its finished check blocks in the last)
 };
 
 // Selects the top-k |input + residual| of elements [begin, begin + numel) into one payload.
@@ -92,7 +93,8 @@ struct TopKDecodeParams {
   int32_t* status = nullptr;
   uint32_t* nonfinite = nullptr;
   void* workspace = nullptr;      // the backend's topk_workspace_bytes(numel)
-  uint64_t* body_sums = nullptr;  // CUDA: num_payloads zeroed device words
+  uint64_t* body_sums = nullptr;  // CUDA: num_payloads + 1 zeroed device words (v2 counts
+                                  // its finished check blocks in the last)
 };
 
 // Checks num_payloads payloads of one codec before any is decoded, payload w holding numel[w]
@@ -106,7 +108,8 @@ struct PayloadCheckParams {
   uint32_t param = 64;  // q4 block size, top-k capacity
   uint8_t value_dtype = math::kDtypeF32;
   int32_t* status = nullptr;      // CUDA: the device word that decoders after it read
-  uint64_t* body_sums = nullptr;  // CUDA: num_payloads zeroed device words
+  uint64_t* body_sums = nullptr;  // CUDA: num_payloads + 1 zeroed device words (v2 counts
+                                  // its finished check blocks in the last)
 };
 
 // DGC's step before a top-k encode (docs/algorithms.md): the bucket's gradient g, clipped when

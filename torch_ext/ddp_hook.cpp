@@ -52,6 +52,7 @@ DdpHook::DdpHook(c10::intrusive_ptr<c10d::ProcessGroup> group, EngineOptions opt
                  std::string shm_name)
     : group_(std::move(group)),
       compress_(options.compress),
+      kernels_(options.config.kernels),
       timeout_(timeout),
       fault_(std::move(fault)),
       nodes_(std::move(nodes)),
@@ -85,6 +86,7 @@ void DdpHook::bind(const at::Tensor& bucket) {
       cuda::CudaBackendOptions o;
       o.device = device.index();
       o.stream = c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, *cuda_stream_).stream();
+      o.kernels = kernels_;
       backend_ =
           std::make_unique<ProfiledBackend>(call_core([&] { return cuda::make_cuda_backend(o); }));
     }

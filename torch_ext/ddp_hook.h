@@ -62,6 +62,7 @@ class DdpHook {
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   bool compress_;
+  KernelGeneration kernels_;  // the CUDA backend's kernels (the codec spec's choice)
   std::mutex bind_mu_;
   std::optional<at::Device> device_;
   std::optional<c10::Stream> cuda_stream_;  // the compression stream

@@ -140,6 +140,7 @@ struct DiLoCo::Impl {
     GRADCOMP_CHECK(group_, "DiLoCo: no process group");
     const EngineOptions engine = engine_options(codec);
     codec_name_ = codec_spec_name(codec);
+    kernels_ = engine.config.kernels;
     GRADCOMP_CHECK(engine.compress,
                    "DiLoCo sends its outer gradients through gradcomp's "
                    "compressed allreduce: the codec must be Q4 or TopK");
@@ -168,6 +169,7 @@ struct DiLoCo::Impl {
       cuda::CudaBackendOptions o;
       o.device = device_.index();
       o.stream = c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, *stream_).stream();
+      o.kernels = kernels_;
       backend_ = cuda::make_cuda_backend(o);
     }
 #endif
@@ -197,6 +199,7 @@ struct DiLoCo::Impl {
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   DiLoCoOptions options_;
   std::string codec_name_;
+  KernelGeneration kernels_ = KernelGeneration::kDefault;
   at::Device device_ = at::kCPU;
   std::unique_ptr<torch_ext::ProcessGroupCommunicator> comm_;
   torch_ext::NodeCommunicators node_comms_;

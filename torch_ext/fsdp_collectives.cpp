@@ -42,6 +42,7 @@ void FsdpCollective::bind(const at::Tensor& t) {
     cuda::CudaBackendOptions o;
     o.device = device.index();
     o.stream = static_cast<cudaStream_t>(const_cast<void*>(stream));
+    o.kernels = config_.kernels;
     backend_ =
         std::make_unique<ProfiledBackend>(call_core([&] { return cuda::make_cuda_backend(o); }));
   }

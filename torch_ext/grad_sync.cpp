@@ -210,6 +210,7 @@ GradSync::Impl::Impl(std::vector<at::Tensor> parameters, std::vector<std::string
       cuda::CudaBackendOptions o;
       o.device = device_.index();
       o.stream = c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, *cuda_stream_).stream();
+      o.kernels = engine_opts.config.kernels;
       backend_ = std::make_unique<torch_ext::ProfiledBackend>(cuda::make_cuda_backend(o));
     }
   }

@@ -31,6 +31,12 @@ DType parse_dtype(const std::string& name, const char* what) {
                        "'");
 }
 
+// The spec's "kernels" ("default", "v1" or "v2"; absent: "default").
+KernelGeneration parse_kernels(const py::dict& d) {
+  const std::string name = d.contains("kernels") ? d["kernels"].cast<std::string>() : "default";
+  return call_core([&] { return parse_kernel_generation(name, "codec option kernels"); });
+}
+
 // A Python codec spec's options (gradcomp.Q4 / TopK / NoCompression ._options()) as the C++ spec.
 CodecSpec parse_codec(const py::dict& d) {
   const std::string codec = d["codec"].cast<std::string>();
@@ -45,6 +51,7 @@ CodecSpec parse_codec(const py::dict& d) {
     q4.residual_dtype = parse_dtype(d["residual_dtype"].cast<std::string>(), "residual_dtype");
     q4.seed = d["seed"].cast<uint64_t>();
     q4.piece_numel = d["piece_numel"].cast<int64_t>();
+    q4.kernels = parse_kernels(d);
     return q4;
   }
   if (codec == "topk") {
@@ -65,6 +72,7 @@ CodecSpec parse_codec(const py::dict& d) {
     topk.momentum_masking = d["momentum_masking"].cast<bool>();
     topk.clip_norm = d["clip_norm"].cast<float>();
     topk.piece_numel = d["piece_numel"].cast<int64_t>();
+    topk.kernels = parse_kernels(d);
     return topk;
   }
   GRADCOMP_TORCH_CHECK(codec == "none", "unknown codec '", codec, "'");

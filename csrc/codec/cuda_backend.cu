@@ -9,6 +9,7 @@
 #include "gradcomp/format.h"
 #include "launchers.h"
 #include "params_checks.h"
+#include "v2/launchers_v2.h"
 
 namespace gradcomp {
 namespace cuda {
@@ -46,7 +47,8 @@ using ::gradcomp::detail::check_params;
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(const CudaBackendOptions& o) : options_(o) {
+  explicit CudaBackend(const CudaBackendOptions& o)
+      : options_(o), v2_(resolve_kernel_generation(o.kernels) == KernelGeneration::kV2) {
     GRADCOMP_CUDA_CHECK(cudaSetDevice(o.device));
     stream_ = o.stream;
     if (stream_ == nullptr) {
@@ -104,14 +106,16 @@ class CudaBackend final : public Backend {
     check_params(p, "q4 encode");
     Q4EncodeParams d = p;
     TableSlot& slot = stage_segments(d.segments, p.num_segments);
-    GRADCOMP_CUDA_CHECK(kernels::run_q4_encode(d, options_.max_encode_ctas, stream_));
+    GRADCOMP_CUDA_CHECK(v2_ ? kernels::v2::run_q4_encode(d, options_.max_encode_ctas, stream_)
+                            : kernels::run_q4_encode(d, options_.max_encode_ctas, stream_));
     GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
   void q4_decode(const Q4DecodeParams& p) override {
     check_params(p, "q4 decode");
     Q4DecodeParams d = p;
     TableSlot& slot = stage_decode(d);
-    GRADCOMP_CUDA_CHECK(kernels::run_q4_decode(d, stream_));
+    GRADCOMP_CUDA_CHECK(v2_ ? kernels::v2::run_q4_decode(d, stream_)
+                            : kernels::run_q4_decode(d, stream_));
     GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
   void topk_encode(const TopKEncodeParams& p) override {
@@ -119,7 +123,8 @@ class CudaBackend final : public Backend {
     check_backend_workspace(p.workspace, "top-k encode");
     TopKEncodeParams d = p;
     TableSlot& slot = stage_segments(d.segments, p.num_segments);
-    GRADCOMP_CUDA_CHECK(kernels::run_topk_encode(d, stream_));
+    GRADCOMP_CUDA_CHECK(v2_ ? kernels::v2::run_topk_encode(d, stream_)
+                            : kernels::run_topk_encode(d, stream_));
     GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
   void topk_decode(const TopKDecodeParams& p) override {
@@ -127,7 +132,8 @@ class CudaBackend final : public Backend {
     check_backend_workspace(p.workspace, "top-k decode");
     TopKDecodeParams d = p;
     TableSlot& slot = stage_decode(d);
-    GRADCOMP_CUDA_CHECK(kernels::run_topk_decode(d, stream_));
+    GRADCOMP_CUDA_CHECK(v2_ ? kernels::v2::run_topk_decode(d, stream_)
+                            : kernels::run_topk_decode(d, stream_));
     GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
   void scan_nonfinite(const NonfiniteScanParams& p) override {
@@ -154,7 +160,7 @@ class CudaBackend final : public Backend {
     check_params(p, "payload check");
     const size_t ptr_bytes = align(sizeof(void*) * p.num_payloads);
     const size_t numel_bytes = align(sizeof(int64_t) * p.num_payloads);
-    const size_t bytes = ptr_bytes + numel_bytes + sizeof(uint64_t) * p.num_payloads;
+    const size_t bytes = ptr_bytes + numel_bytes + sizeof(uint64_t) * (p.num_payloads + 1);
     TableSlot& slot = acquire_table(bytes);
     std::memset(slot.host, 0, bytes);
     std::memcpy(slot.host, p.payloads, sizeof(void*) * p.num_payloads);
@@ -166,11 +172,12 @@ class CudaBackend final : public Backend {
     d.numel = reinterpret_cast<const int64_t*>(slot.device + ptr_bytes);
     d.body_sums = reinterpret_cast<uint64_t*>(slot.device + ptr_bytes + numel_bytes);
     d.status = flags_ + kStatus;
-    GRADCOMP_CUDA_CHECK(kernels::run_check_payloads(d, stream_));
+    GRADCOMP_CUDA_CHECK(v2_ ? kernels::v2::run_check_payloads(d, stream_)
+                            : kernels::run_check_payloads(d, stream_));
     GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
   size_t topk_workspace_bytes(int64_t numel) const override {
-    return kernels::topk_workspace_bytes(numel);
+    return v2_ ? kernels::v2::topk_workspace_bytes(numel) : kernels::topk_workspace_bytes(numel);
   }
   bool take_decode_status() override {
     const Flags f = read_flags();
@@ -291,7 +298,7 @@ class CudaBackend final : public Backend {
   TableSlot& stage_decode(Params& d) {
     const size_t seg_bytes = align(sizeof(Segment) * d.num_segments);
     const size_t ptr_bytes = align(sizeof(void*) * d.num_payloads);
-    const size_t bytes = seg_bytes + ptr_bytes + sizeof(uint64_t) * d.num_payloads;
+    const size_t bytes = seg_bytes + ptr_bytes + sizeof(uint64_t) * (d.num_payloads + 1);
     TableSlot& slot = acquire_table(bytes);
     std::memset(slot.host, 0, bytes);
     std::memcpy(slot.host, d.segments, sizeof(Segment) * d.num_segments);
@@ -318,6 +325,7 @@ class CudaBackend final : public Backend {
   }
 
   CudaBackendOptions options_;
+  bool v2_;  // KernelGeneration::kV2: the kernels/v2 launchers
   cudaStream_t stream_ = nullptr;
   bool owns_stream_ = false;
   int32_t* flags_ = nullptr;

@@ -1,5 +1,6 @@
 // Validation of the codec options (types.h), and the top-k counts they imply.
 #include <cmath>
+#include <cstdlib>
 
 #include "gradcomp/types.h"
 
@@ -20,6 +21,33 @@ void TopKOptions::validate() const {
       "TopK capacity_factor must be in [1, 16], got " << capacity_factor);
   GRADCOMP_CHECK(math::dtype_valid(static_cast<uint8_t>(value_dtype)),
                  "TopK value_dtype must be float32, float16 or bfloat16");
+}
+
+KernelGeneration parse_kernel_generation(const std::string& name, const char* what) {
+  if (name == "v1") return KernelGeneration::kV1;
+  if (name == "v2") return KernelGeneration::kV2;
+  GRADCOMP_CHECK(name == "default" || name.empty(),
+                 what << " must be 'default', 'v1' or 'v2', got '" << name << "'");
+  return KernelGeneration::kDefault;
+}
+
+KernelGeneration resolve_kernel_generation(KernelGeneration requested) {
+  if (requested != KernelGeneration::kDefault) return requested;
+  const char* env = std::getenv("GRADCOMP_KERNELS");
+  const KernelGeneration g = parse_kernel_generation(env != nullptr ? env : "",
+                                                     "the environment variable GRADCOMP_KERNELS");
+  return g == KernelGeneration::kDefault ? KernelGeneration::kV1 : g;
+}
+
+const char* kernel_generation_name(KernelGeneration g) {
+  switch (g) {
+    case KernelGeneration::kV1:
+      return "v1";
+    case KernelGeneration::kV2:
+      return "v2";
+    default:
+      return "default";
+  }
 }
 
 int64_t topk_k(int64_t numel, double ratio) {

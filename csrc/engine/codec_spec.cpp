@@ -15,6 +15,7 @@ EngineOptions engine_options(const CodecSpec& codec) {
     c.residual_dtype = q4->residual_dtype;
     c.seed = q4->seed;
     c.piece_numel = q4->piece_numel;
+    c.kernels = q4->kernels;
   } else if (const TopK* topk = std::get_if<TopK>(&codec)) {
     c.codec = Codec::kTopK;
     c.topk.ratio = topk->ratio;
@@ -30,6 +31,7 @@ EngineOptions engine_options(const CodecSpec& codec) {
     c.remedies.momentum_masking = topk->momentum_masking;
     c.remedies.clip_norm = topk->clip_norm;
     c.piece_numel = topk->piece_numel;
+    c.kernels = topk->kernels;
   } else {
     o.compress = false;
     c.error_feedback = false;

@@ -27,6 +27,14 @@ def _check_seed(seed: int) -> None:
            f"seed must be an int in [0, 2**64), got {seed!r}")
 
 
+_KERNELS = ("default", "v1", "v2")
+
+
+def _check_kernels(kernels: str, codec: str) -> None:
+    _check(kernels in _KERNELS,
+           f"{codec} kernels must be one of {', '.join(map(repr, _KERNELS))}, got {kernels!r}")
+
+
 def _check_piece_numel(piece_numel: int, codec: str) -> None:
     _check(isinstance(piece_numel, int) and not isinstance(piece_numel, bool)
            and 0 <= piece_numel <= 2**31,
@@ -44,6 +52,9 @@ class Q4:
     bucket as pieces of about this many elements, encoding the next piece while one is on the
     wire, and on the CPU the next bucket is encoded while this one's last pieces are on the wire
     (the result is the same for any size; 0: each bucket whole, one after another).
+    ``kernels``: the CUDA kernels used on a CUDA device: "v1" (the default), "v2" (opt-in: the
+    rewritten kernels, same bytes, not yet proven on a GPU) or "default" (the environment
+    variable ``GRADCOMP_KERNELS``, else v1). The CPU ignores it.
     """
 
     block_size: int = 64
@@ -53,6 +64,7 @@ class Q4:
     residual_dtype: torch.dtype = torch.float32
     seed: int = 0
     piece_numel: int = _C.q4_default_piece_numel
+    kernels: str = "default"
 
     def __post_init__(self):
         sizes = _C.q4_block_sizes
@@ -67,12 +79,13 @@ class Q4:
         _dtype_name(self.residual_dtype, "Q4 residual_dtype", (torch.float32, torch.bfloat16))
         _check_seed(self.seed)
         _check_piece_numel(self.piece_numel, "Q4")
+        _check_kernels(self.kernels, "Q4")
 
     def _options(self) -> dict:
         return {"codec": "q4", "block_size": self.block_size, "rounding": self.rounding,
                 "algorithm": self.algorithm, "error_feedback": self.error_feedback,
                 "residual_dtype": _DTYPE_NAMES[self.residual_dtype], "seed": self.seed,
-                "piece_numel": self.piece_numel}
+                "piece_numel": self.piece_numel, "kernels": self.kernels}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +107,7 @@ class TopK:
     each rank clips a bucket's gradient to a norm of ``clip_norm / sqrt(world_size)`` first.
     ``piece_numel``: as Q4's, for the q4 warm-up's pieces and the overlap of consecutive buckets
     (on the CPU, a bucket's selection runs while the one before is on the wire; 0: each bucket
-    whole, one after another).
+    whole, one after another). ``kernels``: as Q4's.
     """
 
     ratio: float = 0.01
@@ -110,6 +123,7 @@ class TopK:
     momentum_masking: bool = True
     clip_norm: float = 0.0
     piece_numel: int = _C.q4_default_piece_numel
+    kernels: str = "default"
 
     def __post_init__(self):
         _check(isinstance(self.ratio, (int, float)) and not isinstance(self.ratio, bool)
@@ -134,6 +148,7 @@ class TopK:
         _check(self.momentum == 0 or self.error_feedback,
                "TopK momentum correction needs error_feedback=True")
         _check_piece_numel(self.piece_numel, "TopK")
+        _check_kernels(self.kernels, "TopK")
 
     def _options(self) -> dict:
         return {"codec": "topk", "ratio": float(self.ratio), "exact": self.exact,
@@ -142,7 +157,8 @@ class TopK:
                 "warmup_steps": self.warmup_steps, "warmup_stages": self.warmup_stages,
                 "warmup": self.warmup,
                 "momentum": float(self.momentum), "momentum_masking": self.momentum_masking,
-                "clip_norm": float(self.clip_norm), "piece_numel": self.piece_numel}
+                "clip_norm": float(self.clip_norm), "piece_numel": self.piece_numel,
+                "kernels": self.kernels}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,7 @@ struct Q4 {
   // Two-phase: elements per pipeline piece, and consecutive buckets overlapped
   // (CompressionConfig::piece_numel; 0: each bucket whole, one after another).
   int64_t piece_numel = CompressionConfig::kDefaultPieceNumel;
+  KernelGeneration kernels = KernelGeneration::kDefault;  // CUDA only (types.h)
 };
 
 // Top-k sparsification of the ceil(ratio * N) largest magnitudes of each bucket, with DGC's
@@ -41,6 +42,7 @@ struct TopK {
   // The q4 warm-up's pipeline pieces, and consecutive buckets overlapped (as Q4's; 0: each
   // bucket whole, one after another).
   int64_t piece_numel = CompressionConfig::kDefaultPieceNumel;
+  KernelGeneration kernels = KernelGeneration::kDefault;  // CUDA only (types.h)
 };
 
 // A plain averaging allreduce through the same path, for A/B runs.

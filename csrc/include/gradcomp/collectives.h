@@ -65,6 +65,8 @@ struct CompressionConfig {
   // 0: each bucket in one piece, one after another.
   static constexpr int64_t kDefaultPieceNumel = int64_t{1} << 21;
   int64_t piece_numel = kDefaultPieceNumel;
+  // The CUDA kernels a CUDA backend made for this configuration launches (types.h).
+  KernelGeneration kernels = KernelGeneration::kDefault;
   void validate() const;
 };
 

@@ -33,6 +33,7 @@ struct CudaBackendOptions {
   int device = 0;
   cudaStream_t stream = nullptr;  // null: the backend creates its own non-blocking stream
   int max_encode_ctas = 0;        // bound on the encode grid, leaving SMs to backward (0 = none)
+  KernelGeneration kernels = KernelGeneration::kDefault;  // resolved once, at construction
 };
 
 // A Backend running every codec on one device and stream. Params given to it carry host segment

@@ -28,6 +28,17 @@ static_assert(static_cast<uint8_t>(Codec::kQ4) == format::kCodecQ4 &&
               "Codec values are the codec codes of the wire format");
 enum class Rounding : uint8_t { kStochastic = 0, kNearest = 1 };
 
+// Which generation of CUDA kernels a CUDA backend launches (docs/api.md, "Kernel generations").
+// v1 is the default; v2 (kernels/v2/) is opt-in until a GPU run proves it byte-equal to the CPU
+// and sanitizer-clean. kDefault reads GRADCOMP_KERNELS ("v1" or "v2"; unset: v1). The CPU
+// backend has one generation and ignores this.
+enum class KernelGeneration : uint8_t { kDefault = 0, kV1 = 1, kV2 = 2 };
+// kDefault resolved through the environment; throws Error naming a bad GRADCOMP_KERNELS.
+KernelGeneration resolve_kernel_generation(KernelGeneration requested);
+const char* kernel_generation_name(KernelGeneration g);  // "default", "v1" or "v2"
+// "default", "v1" or "v2" to the enum; throws Error naming `what` otherwise.
+KernelGeneration parse_kernel_generation(const std::string& name, const char* what);
+
 // Every error gradcomp raises. The message says what was wrong and where (bucket, rank, tensor).
 class Error : public std::runtime_error {
  public:

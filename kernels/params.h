@@ -24,6 +24,9 @@ struct Segment {
 struct Q4EncodeParams {
   const Segment* segments = nullptr;
   int num_segments = 0;
+  // CUDA v2: the host copy of the segment table, if the caller has one (it picks the kernel
+  // for one 16-byte aligned segment; without it the general kernel runs, same bytes).
+  const Segment* segments_host = nullptr;
   uint8_t dtype = math::kDtypeF32;
   int64_t begin = 0;  // a multiple of block_size, so blocks and random groups line up
   int64_t numel = 0;
@@ -49,6 +52,7 @@ struct Q4DecodeParams {
   uint32_t block_size = 64;
   const Segment* segments = nullptr;
   int num_segments = 0;
+  const Segment* segments_host = nullptr;  // as Q4EncodeParams::segments_host
   uint8_t dtype = math::kDtypeF32;
   int64_t begin = 0;
   float divisor = 1.0f;

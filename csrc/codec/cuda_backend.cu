@@ -105,6 +105,7 @@ class CudaBackend final : public Backend {
   void q4_encode(const Q4EncodeParams& p) override {
     check_params(p, "q4 encode");
     Q4EncodeParams d = p;
+    d.segments_host = p.segments;
     TableSlot& slot = stage_segments(d.segments, p.num_segments);
     GRADCOMP_CUDA_CHECK(v2_ ? kernels::v2::run_q4_encode(d, options_.max_encode_ctas, stream_)
                             : kernels::run_q4_encode(d, options_.max_encode_ctas, stream_));
@@ -113,6 +114,7 @@ class CudaBackend final : public Backend {
   void q4_decode(const Q4DecodeParams& p) override {
     check_params(p, "q4 decode");
     Q4DecodeParams d = p;
+    d.segments_host = p.segments;
     TableSlot& slot = stage_decode(d);
     GRADCOMP_CUDA_CHECK(v2_ ? kernels::v2::run_q4_decode(d, stream_)
                             : kernels::run_q4_decode(d, stream_));

@@ -9,7 +9,7 @@
 //                -> 3 radix passes over the buffered keys (or, when the bracket missed T, over
 //                   the whole bucket), the digit chosen by the last block of each pass
 //                -> compact.                                                       2 reads.
-//   compact: one pass, ordered by decoupled look-back (cub::ScanTileState): position =
+//   compact: one pass, ordered by decoupled look-back (one 64-bit word per tile): position =
 //   greater-before + min(equal-before, eq_limit) as in v1's tile_write, writing indices, values
 //   and every element's residual, and summing the body checksum; the last block to finish writes
 //   the sealed header.
@@ -19,11 +19,9 @@
 // workspace memset.
 //
 // Global memory is reached through typed pointers and __ldg / __ldcg / __stcg / __stcs only.
-#include <cub/agent/single_pass_scan_operators.cuh>
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
-#include <cuda/std/functional>
 
 #include "payload_kernels.h"
 #include "segment_io.cuh"
@@ -45,8 +43,6 @@ constexpr int kMaxSelectBlocks = 1024;
 static_assert(kBins == kThreads * kTopKChooseSlots, "one block chooses a digit");
 static_assert(kSampleItems * kSampleThreads == math::kTopKSampleMax, "sample fits the block");
 
-using TileState = cub::ScanTileState<ull>;
-using TilePrefix = cub::TilePrefixCallbackOp<ull, ::cuda::std::plus<>, TileState>;
 
 // Selection state between kernels (device memory), so no step waits on the host.
 struct State {
@@ -68,7 +64,7 @@ struct State {
 struct Workspace {
   State* state;
   unsigned* hist;  // kBins
-  void* tiles;     // TileState storage
+  ull* tiles;      // look-back words (topk_tile_word), one per compaction tile
   unsigned* cand;  // numel keys
 };
 
@@ -76,10 +72,8 @@ constexpr size_t kStateBytes = 256;
 constexpr size_t kHistBytes = kBins * 4;
 
 size_t tile_state_bytes(int64_t numel) {
-  size_t bytes = 0;
   const int64_t tiles = topk_tiles(numel);
-  TileState::AllocationSize(static_cast<int>(tiles > 0 ? tiles : 1), bytes);
-  return (bytes + 255) / 256 * 256;
+  return (static_cast<size_t>(tiles > 0 ? tiles : 1) * 8 + 255) / 256 * 256;
 }
 
 // The caller's workspace is aligned up to 256 bytes here (topk_workspace_bytes adds the slack).
@@ -88,7 +82,7 @@ Workspace carve(void* base, int64_t numel) {
   Workspace w;
   w.state = reinterpret_cast<State*>(p);
   w.hist = reinterpret_cast<unsigned*>(p + kStateBytes);
-  w.tiles = p + kStateBytes + kHistBytes;
+  w.tiles = reinterpret_cast<ull*>(p + kStateBytes + kHistBytes);
   w.cand = reinterpret_cast<unsigned*>(p + kStateBytes + kHistBytes + tile_state_bytes(numel));
   return w;
 }
@@ -266,16 +260,47 @@ __device__ void store_header(uint8_t* payload, const format::PayloadHeader& h) {
     __stcg(reinterpret_cast<unsigned char*>(payload) + i, static_cast<unsigned char>(0));
 }
 
+__device__ __forceinline__ ull ld_relaxed(const ull* p) {
+  ull v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed(ull* p, ull v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// Decoupled look-back, by one whole warp: posts the tile's aggregate, sums the predecessors'
+// words back to the nearest inclusive one (32 tiles per step), posts the inclusive prefix and
+// returns the exclusive one (to every lane).
+__device__ __forceinline__ ull lookback(ull* tiles, int tile, ull aggregate) {
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) st_relaxed(tiles + tile, topk_tile_word(aggregate, tile == 0));
+  ull excl = 0;
+  for (int pred = tile - 1; pred >= 0; pred -= 32) {
+    const int idx = pred - lane;
+    ull w = idx >= 0 ? ld_relaxed(tiles + idx) : kTopKInclusiveFlag;
+    while (__any_sync(0xFFFFFFFFu, (w & kTopKFlags) == 0)) {
+      if ((w & kTopKFlags) == 0) w = ld_relaxed(tiles + idx);
+    }
+    const unsigned inclusive = __ballot_sync(0xFFFFFFFFu, (w & kTopKInclusiveFlag) != 0);
+    const int stop = inclusive != 0 ? __ffs(inclusive) - 1 : 32;
+    ull v = lane <= stop ? topk_tile_value(w) : 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    excl += v;
+    if (inclusive != 0) break;
+  }
+  if (tile > 0 && lane == 0) st_relaxed(tiles + tile, topk_tile_word(excl + aggregate, true));
+  return excl;
+}
+
 // ---- encode kernels ------------------------------------------------------------------------
 
 // Resets the selection state and the look-back tile states.
 __global__ void __launch_bounds__(kThreads)
     topk_v2_init_kernel(Workspace ws, int num_tiles) {
-  TileState ts;
-  size_t bytes = 0;
-  TileState::AllocationSize(num_tiles, bytes);
-  ts.Init(num_tiles, ws.tiles, bytes);
-  ts.InitializeStatus(num_tiles);
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t < num_tiles) __stcg(ws.tiles + t, 0ull);
   if (blockIdx.x == 0) {
     for (int i = threadIdx.x; i < kBins; i += blockDim.x) __stcg(ws.hist + i, 0u);
     if (threadIdx.x == 0) {
@@ -295,7 +320,8 @@ __global__ void __launch_bounds__(kThreads)
 // The strided sample (kernels/math/topk_math.h), sorted in one block. Approximate mode: T = its
 // m-th largest key. Exact mode: the bracket around the exact threshold.
 __global__ void __launch_bounds__(kSampleThreads)
-    topk_v2_sample_kernel(const TopKEncodeParams p, Workspace ws) {
+    topk_v2_sample_kernel(const TopKEncodeParams p, Workspace ws, long long m, long long r_hi,
+                          long long r_lo) {
   using Sort = cub::BlockRadixSort<unsigned, kSampleThreads, kSampleItems>;
   __shared__ typename Sort::TempStorage temp;
   const long long n = p.numel;
@@ -306,7 +332,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     const long long j = static_cast<long long>(threadIdx.x) * kSampleItems + i;
     keys[i] = 0;
     if (j < samples) {
-      const long long e = math::topk_sample_index(j, n, samples);
+      const long long e = topk_sample_index_shift(j, n);
       const int s = seg_find(p.segments, p.num_segments, p.begin + e);
       const Seg g = seg_load(p.segments, s);
       const float v = ld_in(g.data, p.begin + e - g.offset, p.dtype);
@@ -318,7 +344,6 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
   Sort(temp).SortDescending(keys);
   State* st = ws.state;
-  const long long m = math::topk_sample_rank(p.k, n, samples);
   long long want0 = m, want1 = -1;  // 1-based ranks this kernel reads
   if (p.exact) {
     if (p.k == 0) {
@@ -329,8 +354,6 @@ __global__ void __launch_bounds__(kSampleThreads)
       }
       return;
     }
-    int64_t r_hi, r_lo;
-    topk_bracket_ranks(m, samples, &r_hi, &r_lo);
     want0 = r_hi;
     want1 = r_lo;
     if (threadIdx.x == 0) {
@@ -490,17 +513,17 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The ordered compaction: one tile per block, in index order by decoupled look-back.
-__global__ void __launch_bounds__(kThreads)
+// Four blocks per SM: 64 registers, no spills (ptxas spills under the bare bound).
+__global__ void __launch_bounds__(kThreads, 4)
     topk_v2_compact_kernel(const TopKEncodeParams p, Workspace ws, int num_tiles,
                            unsigned long long values_offset) {
   using Scan = cub::BlockScan<ull, kThreads>;
   using Reduce = cub::BlockReduce<ull, kThreads>;
-  __shared__ struct {
+  __shared__ union {
     typename Scan::TempStorage scan;
-    typename TilePrefix::TempStorage prefix;
+    typename Reduce::TempStorage reduce;
   } temp;
-  __shared__ typename Reduce::TempStorage reduce;
-  __shared__ ull tile_total;
+  __shared__ ull tile_excl, tile_total;
   State* st = ws.state;
   const unsigned threshold = __ldcg(&st->threshold);
   const ull eq_limit = __ldcg(&st->eq_limit);
@@ -516,25 +539,17 @@ __global__ void __launch_bounds__(kThreads)
     keys[j] = math::topk_key(acc[j]);
     if (j < n) mine += topk_count_pair(keys[j], threshold);
   }
-  TileState ts;
-  {
-    size_t bytes = 0;
-    TileState::AllocationSize(num_tiles, bytes);
-    ts.Init(num_tiles, ws.tiles, bytes);
-  }
-  ull before;
-  if (tile == 0) {
-    ull agg;
-    Scan(temp.scan).ExclusiveSum(mine, before, agg);
+  ull before, aggregate;
+  Scan(temp.scan).ExclusiveSum(mine, before, aggregate);
+  if (threadIdx.x < 32) {
+    const ull excl = lookback(ws.tiles, tile, aggregate);
     if (threadIdx.x == 0) {
-      ts.SetInclusive(0, agg);
-      tile_total = agg;
+      tile_excl = excl;
+      tile_total = excl + aggregate;
     }
-  } else {
-    TilePrefix op(ts, temp.prefix, ::cuda::std::plus<>{}, tile);
-    Scan(temp.scan).ExclusiveSum(mine, before, op);
-    if (threadIdx.x == 0) tile_total = op.GetInclusivePrefix();
   }
+  __syncthreads();
+  before += tile_excl;
   ull gt = before >> 32, eq = before & 0xFFFFFFFFull;
   unsigned* indices = reinterpret_cast<unsigned*>(p.payload + kPayloadHeaderBytes);
   char* values = reinterpret_cast<char*>(p.payload + values_offset);
@@ -568,7 +583,7 @@ __global__ void __launch_bounds__(kThreads)
     if (!math::is_finite_bits(key)) out[j] = rin[j];
   }
   if (p.residual_out != nullptr && n > 0) store_residual(p, first, n, out);
-  const ull block_sum = Reduce(reduce).Sum(sum);
+  const ull block_sum = Reduce(temp.reduce).Sum(sum);
   if (threadIdx.x == 0) {
     if (block_sum != 0) atomicAdd(&st->checksum, block_sum);
     if (tile == num_tiles - 1) __stcg(&st->total, tile_total);
@@ -779,7 +794,11 @@ LaunchStatus run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream) {
   topk_v2_init_kernel<<<static_cast<unsigned>((num_tiles + kThreads - 1) / kThreads), kThreads, 0,
                         stream>>>(ws, num_tiles);
   if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
-  topk_v2_sample_kernel<<<1, kSampleThreads, 0, stream>>>(p, ws);
+  const int64_t samples = math::topk_sample_size(p.numel);
+  const int64_t m = math::topk_sample_rank(p.k, p.numel, samples);
+  int64_t r_hi = 0, r_lo = 0;
+  topk_bracket_ranks(m, samples, &r_hi, &r_lo);
+  topk_v2_sample_kernel<<<1, kSampleThreads, 0, stream>>>(p, ws, m, r_hi, r_lo);
   if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
   if (p.exact) {
     const unsigned grid = static_cast<unsigned>(tiles < kMaxSelectBlocks ? tiles : kMaxSelectBlocks);

@@ -61,6 +61,26 @@ GRADCOMP_HD uint64_t topk_entry_checksum(uint32_t index, uint64_t pos, uint32_t 
   return sum;
 }
 
+// The look-back word of a compaction tile: its packed (greater << 32 | equal) count, whose two
+// halves stay below 2^31, with bit 31 set once the tile's own aggregate is posted and bit 63 set
+// once its inclusive prefix is. One 64-bit word, so a reader never sees a flag without its value.
+constexpr uint64_t kTopKAggregateFlag = uint64_t{1} << 31;
+constexpr uint64_t kTopKInclusiveFlag = uint64_t{1} << 63;
+constexpr uint64_t kTopKFlags = kTopKAggregateFlag | kTopKInclusiveFlag;
+GRADCOMP_HD uint64_t topk_tile_word(uint64_t pair, bool inclusive) {
+  return pair | (inclusive ? kTopKInclusiveFlag : kTopKAggregateFlag);
+}
+GRADCOMP_HD uint64_t topk_tile_value(uint64_t word) {
+  return word & ~kTopKFlags;
+}
+
+// The strided sample's element j (math::topk_sample_index) without a division: the sample is
+// the whole bucket below kTopKSampleMax elements, else kTopKSampleMax = 2^12 strides.
+static_assert(math::kTopKSampleMax == 4096, "the sample index shifts by 12");
+GRADCOMP_HD int64_t topk_sample_index_shift(int64_t j, int64_t n) {
+  return n <= math::kTopKSampleMax ? j : (j * n) >> 12;
+}
+
 // ---- exact threshold: the sample bracket ----------------------------------------------------
 
 // The exact threshold T lies, with high probability, between the sample's keys at ranks

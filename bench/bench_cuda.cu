@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -223,13 +224,20 @@ void BM_CudaQ4DecodeSum(benchmark::State& state) {
   cudaFree(status);
 }
 
-// Args: elements, exact, kernel generation (1 or 2). k = 1% of n; fp32 input with error
-// feedback: a residual is read and the new one written (the issue's target is with it).
+// Args: elements, exact, kernel generation (1, 2, or 3: v2 with GRADCOMP_TOPK_EXACT=cub, whose
+// threshold comes from cub::DeviceTopK when the build found CCCL >= 3.3). k = 1% of n; fp32
+// input with error feedback: a residual is read and the new one written (the target is with it).
 void BM_CudaTopKEncode(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
   const int64_t n = state.range(0);
   const bool exact = state.range(1) != 0;
-  const bool v2 = state.range(2) == 2;
+  const bool v2 = state.range(2) >= 2;
+  if (state.range(2) == 3) {
+    setenv("GRADCOMP_TOPK_EXACT", "cub", 1);
+    state.SetLabel(kernels::v2::topk_exact_method());
+  } else {
+    unsetenv("GRADCOMP_TOPK_EXACT");
+  }
   Inputs in(n, DType::kFloat32);
   TopKOptions o;
   o.exact = exact;
@@ -274,6 +282,7 @@ void BM_CudaTopKEncode(benchmark::State& state) {
   cudaFree(ws);
   cudaFree(r_in);
   cudaFree(r_out);
+  unsetenv("GRADCOMP_TOPK_EXACT");
 }
 
 // Args: elements, W, kernel generation. Decode-and-mean of W exact top-k payloads (1 %), the
@@ -409,6 +418,7 @@ BENCHMARK(BM_CudaTopKEncode)
     ->ArgNames({"n", "exact", "gen"})
     ->Args({kBig, 1, 1})
     ->Args({kBig, 1, 2})
+    ->Args({kBig, 1, 3})
     ->Args({kBig, 0, 1})
     ->Args({kBig, 0, 2})
     ->UseManualTime()

@@ -23,6 +23,21 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+// cub::DeviceTopK (CCCL >= 3.3, from the pinned nvidia-cuda-cccl headers CMake puts before the
+// toolkit's for this file only) is the second exact threshold finder, chosen by
+// GRADCOMP_TOPK_EXACT=cub; without it that choice falls back to the bracket and says so.
+#if __has_include(<cub/device/device_topk.cuh>)
+#include <cub/device/device_topk.cuh>
+#include <cuda/iterator>
+#if CUB_VERSION >= 300300
+#define GRADCOMP_V2_DEVICE_TOPK 1
+#endif
+#endif
+
 #include "payload_kernels.h"
 #include "segment_io.cuh"
 #include "v2/launchers_v2.h"
@@ -59,6 +74,7 @@ struct State {
   ull ncand;     // keys buffered
   ull checksum;  // body checksum terms
   ull total;     // packed greater/equal totals of the bucket
+  unsigned kmin;  // cub path: smallest of the k keys DeviceTopK returned
 };
 
 struct Workspace {
@@ -313,6 +329,7 @@ __global__ void __launch_bounds__(kThreads)
       __stcg(&s->ncand, 0ull);
       __stcg(&s->checksum, 0ull);
       __stcg(&s->total, 0ull);
+      __stcg(&s->kmin, 0xFFFFFFFFu);
     }
   }
 }
@@ -596,6 +613,55 @@ __global__ void __launch_bounds__(kThreads, 4)
   }
 }
 
+#if defined(GRADCOMP_V2_DEVICE_TOPK)
+// The key of flattened element i (input + residual), for cub::DeviceTopK's input iterator.
+struct KeyOf {
+  TopKEncodeParams p;
+  __device__ unsigned operator()(long long i) const {
+    const int s = seg_find(p.segments, p.num_segments, p.begin + i);
+    const Seg g = seg_load(p.segments, s);
+    const float v = ld_in(g.data, p.begin + i - g.offset, p.dtype);
+    const float r = p.residual_in != nullptr
+                        ? ld_res(static_cast<const char*>(p.residual_in), i, p.residual_dtype)
+                        : 0.0f;
+    return math::topk_key(math::add_rn(v, r));
+  }
+};
+
+// cub path, after DeviceTopK wrote the k largest keys (in no order): T is their minimum.
+__global__ void __launch_bounds__(kThreads)
+    topk_v2_keys_min_kernel(Workspace ws, long long k) {
+  using Reduce = cub::BlockReduce<unsigned, kThreads>;
+  __shared__ typename Reduce::TempStorage temp;
+  unsigned m = 0xFFFFFFFFu;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < k;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    m = min(m, __ldcg(ws.cand + i));
+  const unsigned block_min = Reduce(temp).Reduce(m, ::cuda::minimum<>{});
+  if (threadIdx.x == 0) atomicMin(&ws.state->kmin, block_min);
+}
+
+// ... and the ties taken are k minus the keys above T (every key above T is among the k).
+__global__ void __launch_bounds__(kThreads)
+    topk_v2_keys_above_kernel(Workspace ws, long long k) {
+  using Reduce = cub::BlockReduce<ull, kThreads>;
+  __shared__ typename Reduce::TempStorage temp;
+  State* st = ws.state;
+  const unsigned t = __ldcg(&st->kmin);
+  ull above = 0;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < k;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    above += __ldcg(ws.cand + i) > t ? 1 : 0;
+  const ull block_above = Reduce(temp).Sum(above);
+  if (threadIdx.x == 0 && block_above != 0) atomicAdd(&st->gt_hi, block_above);
+  if (last_block_done(&st->ticket) && threadIdx.x == 0) {
+    __stcg(&st->threshold, t);
+    __stcg(&st->eq_limit, static_cast<ull>(k) - __ldcg(&st->gt_hi));
+    __stcg(&st->ticket, 0u);
+  }
+}
+#endif
+
 // An empty bucket's header (nothing to select, an all-zero body).
 __global__ void topk_v2_empty_header_kernel(const TopKEncodeParams p) {
   store_header(p.payload, format::make_topk_header(0, p.capacity, 0, p.dtype, p.value_dtype));
@@ -756,6 +822,76 @@ __global__ void __launch_bounds__(kTopKDecodeThreads)
     atomicOr(p.nonfinite, 1u);
 }
 
+
+// GRADCOMP_TOPK_EXACT=cub selects cub::DeviceTopK as the exact threshold finder (for measuring
+// it against the bracket); anything else, or a build without CCCL >= 3.3, the sample bracket.
+// Read at every encode (a getenv), so one process can measure both.
+bool want_cub_select() {
+  const char* e = std::getenv("GRADCOMP_TOPK_EXACT");
+  return e != nullptr && std::strcmp(e, "cub") == 0;
+}
+
+void note_cub_fallback(const char* why) {
+  static bool said = false;
+  if (!said) {
+    said = true;
+    std::fprintf(stderr, "gradcomp: GRADCOMP_TOPK_EXACT=cub: %s; exact top-k uses the sample bracket\n",
+                 why);
+  }
+}
+
+}  // namespace
+
+const char* topk_exact_method() {
+#if defined(GRADCOMP_V2_DEVICE_TOPK)
+  return want_cub_select() ? "cub::DeviceTopK threshold + ordered compaction"
+                           : "sample bracket + radix over candidates + ordered compaction";
+#else
+  return want_cub_select()
+             ? "sample bracket + radix over candidates + ordered compaction (cub::DeviceTopK "
+               "requested, but this build has no CCCL >= 3.3)"
+             : "sample bracket + radix over candidates + ordered compaction";
+#endif
+}
+
+namespace {
+
+#if defined(GRADCOMP_V2_DEVICE_TOPK)
+auto device_topk_env(cudaStream_t stream) {
+  return ::cuda::std::execution::env{
+      ::cuda::stream_ref{stream},
+      ::cuda::execution::require(::cuda::execution::determinism::not_guaranteed,
+                                 ::cuda::execution::output_ordering::unsorted)};
+}
+
+// Runs DeviceTopK into the candidate buffer and derives T and eq_limit there. Returns false
+// (nothing launched) when the workspace's candidate area cannot hold the keys and temp storage.
+bool launch_cub_threshold(const TopKEncodeParams& p, const Workspace& ws, cudaStream_t stream,
+                          cudaError_t* err) {
+  auto keys = ::cuda::make_transform_iterator(::cuda::counting_iterator<long long>(0), KeyOf{p});
+  size_t temp_bytes = 0;
+  *err = cub::DeviceTopK::MaxKeys(nullptr, temp_bytes, keys, ws.cand, static_cast<long long>(p.numel),
+                                  static_cast<long long>(p.k), device_topk_env(stream));
+  if (*err != cudaSuccess) return true;
+  const size_t keys_bytes = (static_cast<size_t>(p.k) * 4 + 255) / 256 * 256;
+  if (keys_bytes + temp_bytes > static_cast<size_t>(p.numel) * 4) {
+    note_cub_fallback("its temp storage does not fit the workspace");
+    return false;
+  }
+  void* temp = reinterpret_cast<char*>(ws.cand) + keys_bytes;
+  *err = cub::DeviceTopK::MaxKeys(temp, temp_bytes, keys, ws.cand, static_cast<long long>(p.numel),
+                                  static_cast<long long>(p.k), device_topk_env(stream));
+  if (*err != cudaSuccess) return true;
+  long long blocks = (p.k + kThreads - 1) / kThreads;
+  blocks = blocks < 1 ? 1 : (blocks > kMaxSelectBlocks ? kMaxSelectBlocks : blocks);
+  topk_v2_keys_min_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(ws, p.k);
+  if ((*err = cudaGetLastError()) != cudaSuccess) return true;
+  topk_v2_keys_above_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(ws, p.k);
+  *err = cudaGetLastError();
+  return true;
+}
+#endif
+
 }  // namespace
 
 size_t topk_workspace_bytes(int64_t numel) {
@@ -800,7 +936,16 @@ LaunchStatus run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream) {
   topk_bracket_ranks(m, samples, &r_hi, &r_lo);
   topk_v2_sample_kernel<<<1, kSampleThreads, 0, stream>>>(p, ws, m, r_hi, r_lo);
   if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
-  if (p.exact) {
+  bool threshold_known = false;
+  if (p.exact && p.k > 0 && want_cub_select()) {
+#if defined(GRADCOMP_V2_DEVICE_TOPK)
+    threshold_known = launch_cub_threshold(p, ws, stream, &err);
+    if (err != cudaSuccess) return launched(err);
+#else
+    note_cub_fallback("this build has no CCCL >= 3.3 (set GRADCOMP_CCCL_INCLUDE_DIR)");
+#endif
+  }
+  if (p.exact && !threshold_known) {
     const unsigned grid = static_cast<unsigned>(tiles < kMaxSelectBlocks ? tiles : kMaxSelectBlocks);
     topk_v2_bracket_kernel<<<grid, kThreads, 0, stream>>>(p, ws, tiles);
     if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);

@@ -749,7 +749,8 @@ __global__ void __launch_bounds__(kTopKDecodeThreads)
     const int w = w0 + threadIdx.x;
     if (w < p.num_payloads) {
       const uint8_t* payload = payload_at(p.payloads, w);
-      const ull count = __ldg(reinterpret_cast<const unsigned long long*>(payload) + 3);
+      const unsigned* words = reinterpret_cast<const unsigned*>(payload);  // header.count
+      const ull count = __ldg(words + 6) | (static_cast<ull>(__ldg(words + 7)) << 32);
       const unsigned* idx = reinterpret_cast<const unsigned*>(payload + kPayloadHeaderBytes);
       auto load = [idx](uint64_t e) { return __ldg(idx + e); };
       run_begin[threadIdx.x] = topk_lower_bound(load, count, static_cast<unsigned>(lo));

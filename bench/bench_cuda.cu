@@ -224,19 +224,22 @@ void BM_CudaQ4DecodeSum(benchmark::State& state) {
   cudaFree(status);
 }
 
-// Args: elements, exact, kernel generation (1, 2, or 3: v2 with GRADCOMP_TOPK_EXACT=cub, whose
-// threshold comes from cub::DeviceTopK when the build found CCCL >= 3.3). k = 1% of n; fp32
+// Args: elements, exact, kernel generation (1, 2, 3: v2 with GRADCOMP_TOPK_EXACT=cub, whose
+// threshold comes from cub::DeviceTopK when the build found CCCL >= 3.3, 4: v2 unfused). k = 1% of n; fp32
 // input with error feedback: a residual is read and the new one written (the target is with it).
 void BM_CudaTopKEncode(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
   const int64_t n = state.range(0);
   const bool exact = state.range(1) != 0;
   const bool v2 = state.range(2) >= 2;
+  unsetenv("GRADCOMP_TOPK_EXACT");
+  unsetenv("GRADCOMP_TOPK_FUSED");
   if (state.range(2) == 3) {
     setenv("GRADCOMP_TOPK_EXACT", "cub", 1);
     state.SetLabel(kernels::v2::topk_exact_method());
-  } else {
-    unsetenv("GRADCOMP_TOPK_EXACT");
+  } else if (state.range(2) == 4) {
+    setenv("GRADCOMP_TOPK_FUSED", "0", 1);
+    state.SetLabel("v2 unfused: bracket pass, radix, full compaction");
   }
   Inputs in(n, DType::kFloat32);
   TopKOptions o;
@@ -283,6 +286,7 @@ void BM_CudaTopKEncode(benchmark::State& state) {
   cudaFree(r_in);
   cudaFree(r_out);
   unsetenv("GRADCOMP_TOPK_EXACT");
+  unsetenv("GRADCOMP_TOPK_FUSED");
 }
 
 // Args: elements, W, kernel generation. Decode-and-mean of W exact top-k payloads (1 %), the
@@ -419,6 +423,7 @@ BENCHMARK(BM_CudaTopKEncode)
     ->Args({kBig, 1, 1})
     ->Args({kBig, 1, 2})
     ->Args({kBig, 1, 3})
+    ->Args({kBig, 1, 4})
     ->Args({kBig, 0, 1})
     ->Args({kBig, 0, 2})
     ->UseManualTime()

@@ -4,7 +4,14 @@
 // Encode. The payload depends only on the threshold key T and on how many keys equal to T are
 // taken (eq_limit), so any exact selection may find them; only the write is ordered.
 //   approximate: init -> sample (one block: strided sample, sort, T) -> compact.   1 read.
-//   exact:       init -> sample (bracket [lo, hi] around T from the same sample)
+//   exact, fused (default when the residual output does not overlap the input; 1 read + write
+//   of the bucket): init -> sample (bracket) -> gather (writes every residual as unselected,
+//   counts keys above / inside the bracket, buffers (index, acc) of keys >= lo in index order by
+//   look-back) -> 3 radix passes over the buffered bracket keys -> buffered compaction (payload,
+//   selected residuals fixed); a miss runs the full path below instead (the compaction exits
+//   at once otherwise).
+//   exact, unfused (overlapping residuals, or GRADCOMP_TOPK_FUSED=0):
+//                init -> sample (bracket [lo, hi] around T from the same sample)
 //                -> bracket pass (count keys > hi, buffer keys in [lo, hi])
 //                -> 3 radix passes over the buffered keys (or, when the bracket missed T, over
 //                   the whole bucket), the digit chosen by the last block of each pass
@@ -64,7 +71,8 @@ struct State {
   unsigned threshold;  // compaction threshold key
   unsigned hi, lo;     // exact: the sample bracket
   unsigned prefix;     // exact: radix prefix so far
-  unsigned use_cand;   // exact: radix passes over the buffered keys (1) or the bucket (0)
+  unsigned use_cand;   // exact: radix passes over the buffered keys (1), the buffered pairs in
+                       // the bracket (2, fused), or the bucket (0)
   unsigned done;       // exact: threshold already known (k == 0)
   unsigned ticket;     // blocks finished in the current kernel
   unsigned pad;
@@ -75,13 +83,21 @@ struct State {
   ull checksum;  // body checksum terms
   ull total;     // packed greater/equal totals of the bucket
   unsigned kmin;  // cub path: smallest of the k keys DeviceTopK returned
+  unsigned skip_full;   // fused exact: the buffered pass wrote the payload (the full one exits)
+  unsigned tile_next;   // dynamic tile assignment of the full compaction
+  unsigned tiles_done;  // its finished tiles
+  unsigned tile_next2;  // ... and of the buffered compaction
+  unsigned tiles_done2;
+  ull bracket_counts;   // fused exact: (keys above the bracket) << 32 | (keys inside it)
+  ull nbuf;             // fused exact: entries buffered (keys at or above the bracket's bottom)
 };
 
 struct Workspace {
   State* state;
   unsigned* hist;  // kBins
   ull* tiles;      // look-back words (topk_tile_word), one per compaction tile
-  unsigned* cand;  // numel keys
+  ull* tiles2;     // ... of the buffered compaction (fused exact)
+  unsigned* cand;  // numel keys, or numel / 2 (index, acc bits) pairs (fused exact)
 };
 
 constexpr size_t kStateBytes = 256;
@@ -92,6 +108,11 @@ size_t tile_state_bytes(int64_t numel) {
   return (static_cast<size_t>(tiles > 0 ? tiles : 1) * 8 + 255) / 256 * 256;
 }
 
+// The candidate area: numel keys (bracket path) or numel / 2 (index, acc) pairs (fused path).
+size_t cand_bytes(int64_t numel) {
+  return (static_cast<size_t>(numel > 0 ? numel : 1) * 4 + 15) / 16 * 16;
+}
+
 // The caller's workspace is aligned up to 256 bytes here (topk_workspace_bytes adds the slack).
 Workspace carve(void* base, int64_t numel) {
   char* p = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(base) + 255) & ~uintptr_t{255});
@@ -99,7 +120,8 @@ Workspace carve(void* base, int64_t numel) {
   w.state = reinterpret_cast<State*>(p);
   w.hist = reinterpret_cast<unsigned*>(p + kStateBytes);
   w.tiles = reinterpret_cast<ull*>(p + kStateBytes + kHistBytes);
-  w.cand = reinterpret_cast<unsigned*>(p + kStateBytes + kHistBytes + tile_state_bytes(numel));
+  w.tiles2 = reinterpret_cast<ull*>(p + kStateBytes + kHistBytes + tile_state_bytes(numel));
+  w.cand = reinterpret_cast<unsigned*>(p + kStateBytes + kHistBytes + 2 * tile_state_bytes(numel));
   return w;
 }
 
@@ -316,7 +338,10 @@ __device__ __forceinline__ ull lookback(ull* tiles, int tile, ull aggregate) {
 __global__ void __launch_bounds__(kThreads)
     topk_v2_init_kernel(Workspace ws, int num_tiles) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t < num_tiles) __stcg(ws.tiles + t, 0ull);
+  if (t < num_tiles) {
+    __stcg(ws.tiles + t, 0ull);
+    __stcg(ws.tiles2 + t, 0ull);
+  }
   if (blockIdx.x == 0) {
     for (int i = threadIdx.x; i < kBins; i += blockDim.x) __stcg(ws.hist + i, 0u);
     if (threadIdx.x == 0) {
@@ -330,6 +355,13 @@ __global__ void __launch_bounds__(kThreads)
       __stcg(&s->checksum, 0ull);
       __stcg(&s->total, 0ull);
       __stcg(&s->kmin, 0xFFFFFFFFu);
+      __stcg(&s->skip_full, 0u);
+      __stcg(&s->tile_next, 0u);
+      __stcg(&s->tiles_done, 0u);
+      __stcg(&s->tile_next2, 0u);
+      __stcg(&s->tiles_done2, 0u);
+      __stcg(&s->bracket_counts, 0ull);
+      __stcg(&s->nbuf, 0ull);
     }
   }
 }
@@ -469,7 +501,24 @@ __global__ void __launch_bounds__(kThreads)
   const unsigned digit_mask = static_cast<unsigned>(math::topk_pass_bins(pass) - 1);
   for (int i = threadIdx.x; i < kBins; i += blockDim.x) hist[i] = 0;
   __syncthreads();
-  if (__ldcg(&st->use_cand) != 0) {
+  const unsigned use_cand = __ldcg(&st->use_cand);
+  if (use_cand == 2) {
+    // Fused path: (index, acc bits) pairs, two per 16-byte load; only the bracket's keys count.
+    const unsigned hi = __ldcg(&st->hi), lo = __ldcg(&st->lo);
+    const ull nb = __ldcg(&st->nbuf);
+    const ull quads = (nb + 1) / 2;
+    for (ull q = static_cast<ull>(blockIdx.x) * blockDim.x + threadIdx.x;
+         q - threadIdx.x < quads; q += static_cast<ull>(gridDim.x) * blockDim.x) {
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (q < quads) v = __ldcg(reinterpret_cast<const uint4*>(ws.cand) + q);
+      const unsigned k2[2] = {v.y & 0x7FFFFFFFu, v.w & 0x7FFFFFFFu};
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const bool ok = q * 2 + j < nb && k2[j] >= lo && k2[j] <= hi && (k2[j] & mask) == prefix;
+        hist_add(hist, ok, (k2[j] >> shift) & digit_mask);
+      }
+    }
+  } else if (use_cand == 1) {
     const ull nc = __ldcg(&st->ncand);
     const ull quads = (nc + 3) / 4;  // the buffer is 16-byte aligned
     for (ull q = static_cast<ull>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -529,8 +578,55 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) __stcg(&st->ticket, 0u);
 }
 
-// The ordered compaction: one tile per block, in index order by decoupled look-back.
-// Four blocks per SM: 64 registers, no spills (ptxas spills under the bare bound).
+// Writes one selected entry at payload position pos; returns its body-checksum terms and the
+// stored value in *v.
+__device__ __forceinline__ ull put_entry(const TopKEncodeParams& p, unsigned index, ull pos,
+                                         float acc, unsigned long long values_offset, float* v) {
+  unsigned* indices = reinterpret_cast<unsigned*>(p.payload + kPayloadHeaderBytes);
+  char* values = reinterpret_cast<char*>(p.payload + values_offset);
+  *v = math::topk_value_round(acc, p.value_dtype);
+  unsigned bits;
+  __stcg(indices + pos, index);
+  if (p.value_dtype == math::kDtypeF32) {
+    bits = math::float_bits(*v);
+    __stcg(reinterpret_cast<float*>(values) + pos, *v);
+  } else {
+    bits = float_to_half_bits(*v, p.value_dtype);
+    __stcg(reinterpret_cast<unsigned short*>(values) + pos, static_cast<unsigned short>(bits));
+  }
+  return topk_entry_checksum(index, pos, bits, p.value_dtype,
+                             (values_offset - kPayloadHeaderBytes) / 4);
+}
+
+// The sealed header, by the block that finished the last tile.
+__device__ __forceinline__ void seal(const TopKEncodeParams& p, const State* st, ull eq_limit) {
+  const ull count = topk_entry_count(__ldcg(&st->total), eq_limit, p.capacity);
+  const format::PayloadHeader h =
+      format::make_topk_header(p.numel, p.capacity, count, p.dtype, p.value_dtype);
+  store_header(p.payload, format::with_body_checksum(h, __ldcg(&st->checksum)));
+}
+
+// Takes the next tile (thread 0's atomic, broadcast); every thread calls it.
+__device__ __forceinline__ int next_tile(unsigned* counter, int* slot) {
+  __syncthreads();  // the previous tile's shared memory is free
+  if (threadIdx.x == 0) *slot = static_cast<int>(atomicAdd(counter, 1u));
+  __syncthreads();
+  return *slot;
+}
+
+// After a tile's global writes and its checksum atomic: whether it was the last tile to finish.
+__device__ __forceinline__ bool last_tile_done(unsigned* done, int num_tiles, bool* flag) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) *flag = atomicAdd(done, 1u) == static_cast<unsigned>(num_tiles - 1);
+  __syncthreads();
+  if (*flag) __threadfence();
+  return *flag;
+}
+
+// The ordered compaction over the bucket: tiles taken in order by a persistent grid, positions by
+// decoupled look-back, every residual written. Exits at once when the fused exact pass already
+// wrote the payload.
 __global__ void __launch_bounds__(kThreads, 4)
     topk_v2_compact_kernel(const TopKEncodeParams p, Workspace ws, int num_tiles,
                            unsigned long long values_offset) {
@@ -541,75 +637,217 @@ __global__ void __launch_bounds__(kThreads, 4)
     typename Reduce::TempStorage reduce;
   } temp;
   __shared__ ull tile_excl, tile_total;
+  __shared__ int slot;
+  __shared__ bool last;
   State* st = ws.state;
+  if (__ldcg(&st->skip_full) != 0) return;
   const unsigned threshold = __ldcg(&st->threshold);
   const ull eq_limit = __ldcg(&st->eq_limit);
+  for (int tile = next_tile(&st->tile_next, &slot); tile < num_tiles;
+       tile = next_tile(&st->tile_next, &slot)) {
+    const long long first = topk_thread_first(tile, threadIdx.x);
+    const int n = topk_thread_count(p.numel, first);
+    float acc[kItems], rin[kItems];
+    load_acc(p, first, n, acc, rin);
+    unsigned keys[kItems];
+    ull mine = 0;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      keys[j] = math::topk_key(acc[j]);
+      if (j < n) mine += topk_count_pair(keys[j], threshold);
+    }
+    ull before, aggregate;
+    Scan(temp.scan).ExclusiveSum(mine, before, aggregate);
+    if (threadIdx.x < 32) {
+      const ull excl = lookback(ws.tiles, tile, aggregate);
+      if (threadIdx.x == 0) {
+        tile_excl = excl;
+        tile_total = excl + aggregate;
+      }
+    }
+    __syncthreads();
+    before += tile_excl;
+    ull gt = before >> 32, eq = before & 0xFFFFFFFFull;
+    ull sum = 0;
+    float out[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const unsigned key = keys[j];
+      const bool ok = j < n;
+      const bool selected = ok && (key > threshold || (key == threshold && eq < eq_limit));
+      const ull pos = topk_position(gt, eq, eq_limit);
+      if (ok && key > threshold) ++gt;
+      if (ok && key == threshold) ++eq;
+      out[j] = acc[j];
+      if (selected && pos < p.capacity) {
+        float v;
+        sum += put_entry(p, static_cast<unsigned>(first + j), pos, acc[j], values_offset, &v);
+        out[j] = math::sub_rn(acc[j], v);
+      }
+      if (!math::is_finite_bits(key)) out[j] = rin[j];
+    }
+    if (p.residual_out != nullptr && n > 0) store_residual(p, first, n, out);
+    const ull block_sum = Reduce(temp.reduce).Sum(sum);
+    if (threadIdx.x == 0) {
+      if (block_sum != 0) atomicAdd(&st->checksum, block_sum);
+      if (tile == num_tiles - 1) __stcg(&st->total, tile_total);
+    }
+    if (last_tile_done(&st->tiles_done, num_tiles, &last) && threadIdx.x == 0)
+      seal(p, st, eq_limit);
+  }
+}
+
+// Fused exact, pass 1 over the bucket (when the residual output does not overlap the input):
+// writes every residual as if unselected (acc, or the old residual for a non-finite element),
+// counts the keys above and inside the sample bracket, and buffers (index, acc) of every key at or
+// above the bracket's bottom in index order (decoupled look-back). The last block decides: the
+// bracket holds the threshold and the buffer fits -> radix over the buffer, then the buffered
+// compaction writes the payload and fixes the selected residuals; else the full path runs.
+__global__ void __launch_bounds__(kThreads, 4)
+    topk_v2_gather_kernel(const TopKEncodeParams p, Workspace ws, int num_tiles, ull cap) {
+  using Scan = cub::BlockScan<ull, kThreads>;
+  using Reduce = cub::BlockReduce<ull, kThreads>;
+  __shared__ union {
+    typename Scan::TempStorage scan;
+    typename Reduce::TempStorage reduce;
+  } temp;
+  __shared__ ull tile_excl;
+  State* st = ws.state;
+  if (__ldcg(&st->done) != 0) return;
+  const unsigned hi = __ldcg(&st->hi), lo = __ldcg(&st->lo);
   const int tile = blockIdx.x;
   const long long first = topk_thread_first(tile, threadIdx.x);
   const int n = topk_thread_count(p.numel, first);
   float acc[kItems], rin[kItems];
   load_acc(p, first, n, acc, rin);
   unsigned keys[kItems];
-  ull mine = 0;
+  ull mine = 0, counts = 0;
+  float out[kItems];
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
     keys[j] = math::topk_key(acc[j]);
-    if (j < n) mine += topk_count_pair(keys[j], threshold);
+    const bool ok = j < n;
+    mine += (ok && keys[j] >= lo) ? 1 : 0;
+    counts += (ok && keys[j] > hi) ? (ull{1} << 32) : 0;
+    counts += (ok && keys[j] >= lo && keys[j] <= hi) ? 1 : 0;
+    out[j] = math::is_finite_bits(keys[j]) ? acc[j] : rin[j];
   }
+  if (p.residual_out != nullptr && n > 0) store_residual(p, first, n, out);
   ull before, aggregate;
   Scan(temp.scan).ExclusiveSum(mine, before, aggregate);
   if (threadIdx.x < 32) {
     const ull excl = lookback(ws.tiles, tile, aggregate);
     if (threadIdx.x == 0) {
       tile_excl = excl;
-      tile_total = excl + aggregate;
+      if (tile == num_tiles - 1) __stcg(&st->nbuf, excl + aggregate);
     }
   }
   __syncthreads();
   before += tile_excl;
-  ull gt = before >> 32, eq = before & 0xFFFFFFFFull;
-  unsigned* indices = reinterpret_cast<unsigned*>(p.payload + kPayloadHeaderBytes);
-  char* values = reinterpret_cast<char*>(p.payload + values_offset);
-  const ull value_word0 = (values_offset - kPayloadHeaderBytes) / 4;
-  ull sum = 0;
-  float out[kItems];
+  uint2* buf = reinterpret_cast<uint2*>(ws.cand);
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
-    const unsigned key = keys[j];
-    const bool ok = j < n;
-    const bool selected = ok && (key > threshold || (key == threshold && eq < eq_limit));
-    const ull pos = topk_position(gt, eq, eq_limit);
-    if (ok && key > threshold) ++gt;
-    if (ok && key == threshold) ++eq;
-    out[j] = acc[j];
-    if (selected && pos < p.capacity) {
-      const float v = math::topk_value_round(acc[j], p.value_dtype);
-      const unsigned index = static_cast<unsigned>(first + j);
-      unsigned bits;
-      __stcg(indices + pos, index);
-      if (p.value_dtype == math::kDtypeF32) {
-        bits = math::float_bits(v);
-        __stcg(reinterpret_cast<float*>(values) + pos, v);
-      } else {
-        bits = float_to_half_bits(v, p.value_dtype);
-        __stcg(reinterpret_cast<unsigned short*>(values) + pos, static_cast<unsigned short>(bits));
-      }
-      sum += topk_entry_checksum(index, pos, bits, p.value_dtype, value_word0);
-      out[j] = math::sub_rn(acc[j], v);
+    if (j < n && keys[j] >= lo) {
+      if (before < cap)
+        __stcg(buf + before, make_uint2(static_cast<unsigned>(first + j), math::float_bits(acc[j])));
+      ++before;
     }
-    if (!math::is_finite_bits(key)) out[j] = rin[j];
   }
-  if (p.residual_out != nullptr && n > 0) store_residual(p, first, n, out);
-  const ull block_sum = Reduce(temp.reduce).Sum(sum);
-  if (threadIdx.x == 0) {
-    if (block_sum != 0) atomicAdd(&st->checksum, block_sum);
-    if (tile == num_tiles - 1) __stcg(&st->total, tile_total);
-  }
+  const ull block_counts = Reduce(temp.reduce).Sum(counts);
+  if (threadIdx.x == 0 && block_counts != 0) atomicAdd(&st->bracket_counts, block_counts);
   if (last_block_done(&st->ticket) && threadIdx.x == 0) {
-    const ull count = topk_entry_count(__ldcg(&st->total), eq_limit, p.capacity);
-    const format::PayloadHeader h =
-        format::make_topk_header(p.numel, p.capacity, count, p.dtype, p.value_dtype);
-    store_header(p.payload, format::with_body_checksum(h, __ldcg(&st->checksum)));
+    const ull bc = __ldcg(&st->bracket_counts);
+    const ull gt = bc >> 32, inside = bc & 0xFFFFFFFFull, k = static_cast<ull>(p.k);
+    const bool hit = gt < k && gt + inside >= k && __ldcg(&st->nbuf) <= cap;
+    __stcg(&st->use_cand, hit ? 2u : 0u);
+    __stcg(&st->remaining, hit ? k - gt : k);
+    __stcg(&st->prefix, 0u);
+    __stcg(&st->skip_full, hit ? 1u : 0u);
+    __stcg(&st->ticket, 0u);
+  }
+}
+
+// Fused exact, pass 2 over the buffer only (when the bracket held the threshold): the ordered
+// compaction of the buffered entries (already in index order), fixing the selected elements'
+// residuals. Persistent grid; exits at once when the full path runs instead.
+__global__ void __launch_bounds__(kThreads, 4)
+    topk_v2_buffer_compact_kernel(const TopKEncodeParams p, Workspace ws,
+                                  unsigned long long values_offset) {
+  using Scan = cub::BlockScan<ull, kThreads>;
+  using Reduce = cub::BlockReduce<ull, kThreads>;
+  __shared__ union {
+    typename Scan::TempStorage scan;
+    typename Reduce::TempStorage reduce;
+  } temp;
+  __shared__ ull tile_excl, tile_total;
+  __shared__ int slot;
+  __shared__ bool last;
+  State* st = ws.state;
+  if (__ldcg(&st->skip_full) == 0) return;
+  const unsigned threshold = __ldcg(&st->threshold);
+  const ull eq_limit = __ldcg(&st->eq_limit);
+  const ull nbuf = __ldcg(&st->nbuf);
+  const int num_tiles = static_cast<int>((nbuf + kTopKTile - 1) / kTopKTile);
+  const uint2* buf = reinterpret_cast<const uint2*>(ws.cand);
+  for (int tile = next_tile(&st->tile_next2, &slot); tile < num_tiles;
+       tile = next_tile(&st->tile_next2, &slot)) {
+    const long long first = topk_thread_first(tile, threadIdx.x);
+    const int n = topk_thread_count(static_cast<long long>(nbuf), first);
+    unsigned index[kItems], bits[kItems];
+    if (n == kItems) {
+#pragma unroll
+      for (int q = 0; q < kItems / 2; ++q) {
+        const uint4 v = __ldcg(reinterpret_cast<const uint4*>(buf + first) + q);
+        index[2 * q] = v.x, bits[2 * q] = v.y, index[2 * q + 1] = v.z, bits[2 * q + 1] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) {
+        const uint2 v = j < n ? __ldcg(buf + first + j) : make_uint2(0u, 0u);
+        index[j] = v.x, bits[j] = v.y;
+      }
+    }
+    ull mine = 0;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j)
+      if (j < n) mine += topk_count_pair(bits[j] & 0x7FFFFFFFu, threshold);
+    ull before, aggregate;
+    Scan(temp.scan).ExclusiveSum(mine, before, aggregate);
+    if (threadIdx.x < 32) {
+      const ull excl = lookback(ws.tiles2, tile, aggregate);
+      if (threadIdx.x == 0) {
+        tile_excl = excl;
+        tile_total = excl + aggregate;
+      }
+    }
+    __syncthreads();
+    before += tile_excl;
+    ull gt = before >> 32, eq = before & 0xFFFFFFFFull;
+    ull sum = 0;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const unsigned key = bits[j] & 0x7FFFFFFFu;
+      const bool ok = j < n;
+      const bool selected = ok && (key > threshold || (key == threshold && eq < eq_limit));
+      const ull pos = topk_position(gt, eq, eq_limit);
+      if (ok && key > threshold) ++gt;
+      if (ok && key == threshold) ++eq;
+      if (selected && pos < p.capacity) {
+        const float acc = math::bits_float(bits[j]);
+        float v;
+        sum += put_entry(p, index[j], pos, acc, values_offset, &v);
+        if (p.residual_out != nullptr && math::is_finite_bits(key))
+          st_elem(static_cast<char*>(p.residual_out), index[j], p.residual_dtype,
+                  math::sub_rn(acc, v));
+      }
+    }
+    const ull block_sum = Reduce(temp.reduce).Sum(sum);
+    if (threadIdx.x == 0) {
+      if (block_sum != 0) atomicAdd(&st->checksum, block_sum);
+      if (tile == num_tiles - 1) __stcg(&st->total, tile_total);
+    }
+    if (last_tile_done(&st->tiles_done2, num_tiles, &last) && threadIdx.x == 0)
+      seal(p, st, eq_limit);
   }
 }
 
@@ -832,6 +1070,13 @@ bool want_cub_select() {
   return e != nullptr && std::strcmp(e, "cub") == 0;
 }
 
+// GRADCOMP_TOPK_FUSED=0 runs the unfused exact path (bracket pass that writes nothing, then the
+// full compaction), for measuring the two against each other.
+bool want_unfused() {
+  const char* e = std::getenv("GRADCOMP_TOPK_FUSED");
+  return e != nullptr && std::strcmp(e, "0") == 0;
+}
+
 void note_cub_fallback(const char* why) {
   static bool said = false;
   if (!said) {
@@ -896,8 +1141,7 @@ bool launch_cub_threshold(const TopKEncodeParams& p, const Workspace& ws, cudaSt
 }  // namespace
 
 size_t topk_workspace_bytes(int64_t numel) {
-  const size_t keys = static_cast<size_t>(numel > 0 ? numel : 1) * 4;
-  return 256 + kStateBytes + kHistBytes + tile_state_bytes(numel) + (keys + 15) / 16 * 16;
+  return 256 + kStateBytes + kHistBytes + 2 * tile_state_bytes(numel) + cand_bytes(numel);
 }
 
 LaunchStatus run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream) {
@@ -937,6 +1181,7 @@ LaunchStatus run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream) {
   topk_bracket_ranks(m, samples, &r_hi, &r_lo);
   topk_v2_sample_kernel<<<1, kSampleThreads, 0, stream>>>(p, ws, m, r_hi, r_lo);
   if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
+  const unsigned long long values_offset = format::section1_offset(h);
   bool threshold_known = false;
   if (p.exact && p.k > 0 && want_cub_select()) {
 #if defined(GRADCOMP_V2_DEVICE_TOPK)
@@ -946,17 +1191,45 @@ LaunchStatus run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream) {
     note_cub_fallback("this build has no CCCL >= 3.3 (set GRADCOMP_CCCL_INCLUDE_DIR)");
 #endif
   }
-  if (p.exact && !threshold_known) {
-    const unsigned grid = static_cast<unsigned>(tiles < kMaxSelectBlocks ? tiles : kMaxSelectBlocks);
-    topk_v2_bracket_kernel<<<grid, kThreads, 0, stream>>>(p, ws, tiles);
+  // The fused exact path writes residuals in its first pass, so its fallback (the full path)
+  // needs the old residuals intact: it runs only when the residual output does not overlap them.
+  const size_t r_bytes = static_cast<size_t>(p.numel) * math::dtype_bytes(p.residual_dtype);
+  const char* rin = static_cast<const char*>(p.residual_in);
+  const char* rout = static_cast<const char*>(p.residual_out);
+  const bool overlap = rin != nullptr && rout != nullptr && rin < rout + r_bytes && rout < rin + r_bytes;
+  const bool fused = p.exact && !threshold_known && !overlap && !want_unfused();
+  const unsigned select_grid =
+      static_cast<unsigned>(tiles < kMaxSelectBlocks ? tiles : kMaxSelectBlocks);
+  if (fused) {
+    topk_v2_gather_kernel<<<static_cast<unsigned>(num_tiles), kThreads, 0, stream>>>(
+        p, ws, num_tiles, static_cast<ull>(cand_bytes(p.numel) / 8));
     if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
+  } else if (p.exact && !threshold_known) {
+    topk_v2_bracket_kernel<<<select_grid, kThreads, 0, stream>>>(p, ws, tiles);
+    if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
+  }
+  if (p.exact && !threshold_known) {
     for (int pass = 0; pass < math::kTopKPasses; ++pass) {
-      topk_v2_radix_kernel<<<grid, kThreads, 0, stream>>>(p, ws, tiles, pass);
+      topk_v2_radix_kernel<<<select_grid, kThreads, 0, stream>>>(p, ws, tiles, pass);
       if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
     }
   }
-  topk_v2_compact_kernel<<<static_cast<unsigned>(num_tiles), kThreads, 0, stream>>>(
-      p, ws, num_tiles, format::section1_offset(h));
+  // Persistent grids for the compactions: 4 blocks per SM (their occupancy), tiles taken in
+  // order from a counter.
+  int device = 0, sms = 0;
+  if ((err = cudaGetDevice(&device)) != cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess)
+    return launched(err);
+  const long long resident = static_cast<long long>(sms > 0 ? sms : 1) * 4;
+  if (fused) {
+    const long long buf_tiles = topk_tiles(static_cast<long long>(cand_bytes(p.numel) / 8));
+    topk_v2_buffer_compact_kernel<<<static_cast<unsigned>(buf_tiles < resident ? buf_tiles
+                                                                                : resident),
+                                    kThreads, 0, stream>>>(p, ws, values_offset);
+    if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
+  }
+  topk_v2_compact_kernel<<<static_cast<unsigned>(tiles < resident ? tiles : resident), kThreads,
+                           0, stream>>>(p, ws, num_tiles, values_offset);
   return launched(cudaGetLastError());
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -563,7 +564,14 @@ TEST(GpuTopK, BothGenerationsKZeroEqualTheCpu) {
 // (v2's bracket misses and its radix passes run over the whole bucket).
 TEST(GpuTopK, BothGenerationsHandleTiesAndBracketMisses) {
   SKIP_WITHOUT_GPU();
-  for (KernelGeneration g : kGenerations) {
+  // v2 three times: fused (default), unfused (GRADCOMP_TOPK_FUSED=0) and with the cub::DeviceTopK
+  // threshold (GRADCOMP_TOPK_EXACT=cub; the bracket when the build has no CCCL >= 3.3).
+  for (int run = 0; run < 4; ++run) {
+    const KernelGeneration g = run == 0 ? KernelGeneration::kV1 : KernelGeneration::kV2;
+    unsetenv("GRADCOMP_TOPK_FUSED");
+    unsetenv("GRADCOMP_TOPK_EXACT");
+    if (run == 2) setenv("GRADCOMP_TOPK_FUSED", "0", 1);
+    if (run == 3) setenv("GRADCOMP_TOPK_EXACT", "cub", 1);
     auto backend = topk_backend(g);
     for (int variant = 0; variant < 2; ++variant) {
       const int64_t n = 409600;
@@ -596,10 +604,12 @@ TEST(GpuTopK, BothGenerationsHandleTiesAndBracketMisses) {
         ASSERT_EQ(dp.host(), ref) << gen_name(g) << " variant " << variant << " k=" << k << " "
                                   << first_difference(dp.host(), ref);
         auto res = dout.host();
-        ASSERT_EQ(std::memcmp(res.data(), rref.data(), n * 4), 0) << gen_name(g);
+        ASSERT_EQ(std::memcmp(res.data(), rref.data(), n * 4), 0) << gen_name(g) << " run " << run;
       }
     }
   }
+  unsetenv("GRADCOMP_TOPK_FUSED");
+  unsetenv("GRADCOMP_TOPK_EXACT");
 }
 
 // A bad index in the second of two payloads: nothing is written, on both generations.

@@ -145,6 +145,39 @@ TEST(TopKV2Map, ApproximateCompactionStopsAtCapacity) {
   EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](int64_t i) { return i >= 0; }));
 }
 
+// The fused exact path compacts only the buffered entries (every key at or above the bracket's
+// bottom lo, in index order): the same payload as the compaction over the whole bucket whenever
+// the threshold is at least lo.
+TEST(TopKV2Map, BufferedCompactionEqualsTheFullOne) {
+  for (int64_t n : {int64_t{13}, int64_t{2049}, int64_t{100003}}) {
+    const auto keys = random_keys(n, static_cast<uint32_t>(n), 700);
+    for (int64_t k : {int64_t{1}, (n + 99) / 100, n / 3}) {
+      uint32_t t;
+      uint64_t eq_limit;
+      reference_threshold(keys, k, &t, &eq_limit);
+      for (uint32_t lo : {0u, t / 2, t}) {
+        std::vector<uint32_t> buf_keys;
+        std::vector<int64_t> buf_index;
+        for (int64_t i = 0; i < n; ++i)
+          if (keys[i] >= lo) {
+            buf_keys.push_back(keys[i]);
+            buf_index.push_back(i);
+          }
+        uint64_t count_full, count_buf;
+        int twice_full, twice_buf;
+        const auto full = simulate_compaction(keys, t, eq_limit, static_cast<uint32_t>(k),
+                                              &count_full, &twice_full);
+        auto buffered = simulate_compaction(buf_keys, t, eq_limit, static_cast<uint32_t>(k),
+                                            &count_buf, &twice_buf);
+        for (auto& e : buffered) e = e < 0 ? e : buf_index[static_cast<size_t>(e)];
+        EXPECT_EQ(twice_buf, 0);
+        EXPECT_EQ(count_buf, count_full);
+        EXPECT_EQ(buffered, full) << n << " " << k << " " << lo;
+      }
+    }
+  }
+}
+
 TEST(TopKV2Map, EntryChecksumsAddUpToTheBodyChecksum) {
   std::mt19937 rng(7);
   for (uint8_t vd : {math::kDtypeF32, math::kDtypeF16, math::kDtypeBF16}) {

@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
 #include "gradcomp/cuda.h"
 #include "gradcomp/format.h"
 #include "launchers.h"
+#include "v2/launchers_v2.h"
 
 namespace {
 
@@ -222,17 +224,40 @@ void BM_CudaQ4DecodeSum(benchmark::State& state) {
   cudaFree(status);
 }
 
-// Args: elements, exact. k = 1% of n; fp32 input with error feedback.
+// Args: elements, exact, kernel generation (1, 2, 3: v2 with GRADCOMP_TOPK_EXACT=cub, whose
+// threshold comes from cub::DeviceTopK when the build found CCCL >= 3.3, 4: v2 unfused). k = 1% of n; fp32
+// input with error feedback: a residual is read and the new one written (the target is with it).
 void BM_CudaTopKEncode(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
   const int64_t n = state.range(0);
   const bool exact = state.range(1) != 0;
+  const bool v2 = state.range(2) >= 2;
+  unsetenv("GRADCOMP_TOPK_EXACT");
+  unsetenv("GRADCOMP_TOPK_FUSED");
+  if (state.range(2) == 3) {
+    setenv("GRADCOMP_TOPK_EXACT", "cub", 1);
+    state.SetLabel(kernels::v2::topk_exact_method());
+  } else if (state.range(2) == 4) {
+    setenv("GRADCOMP_TOPK_FUSED", "0", 1);
+    state.SetLabel("v2 unfused: bracket pass, radix, full compaction");
+  }
   Inputs in(n, DType::kFloat32);
   TopKOptions o;
   o.exact = exact;
   const int64_t k = topk_k(n, o.ratio), cap = topk_capacity(n, o);
   auto* payload = static_cast<uint8_t*>(device_alloc(topk_payload_bytes(cap, DType::kFloat32)));
-  void* ws = device_alloc(kernels::topk_workspace_bytes(n));
+  void* ws = device_alloc(v2 ? kernels::v2::topk_workspace_bytes(n)
+                             : kernels::topk_workspace_bytes(n));
+  // The residual starts as a tenth of another normal draw (the encode's output after a step).
+  void* r_in = device_alloc(static_cast<size_t>(n) * 4);
+  void* r_out = device_alloc(static_cast<size_t>(n) * 4);
+  {
+    std::vector<float> host(static_cast<size_t>(n));
+    std::mt19937 gen(2);
+    std::normal_distribution<float> dist(0.0f, 0.1f);
+    for (auto& v : host) v = dist(gen);
+    GRADCOMP_CUDA_CHECK(cudaMemcpy(r_in, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  }
   std::vector<Segment*> segs;
   for (size_t c = 0; c < in.copies.size(); ++c)
     segs.push_back(device_segments({Segment{in.copies[c], 0, n}}));
@@ -244,13 +269,91 @@ void BM_CudaTopKEncode(benchmark::State& state) {
   p.exact = exact;
   p.payload = payload;
   p.workspace = ws;
+  p.residual_in = r_in;
+  p.residual_out = r_out;
   time_loop(state, [&](int i) {
     p.segments = segs[static_cast<size_t>(i) % segs.size()];
-    GRADCOMP_CUDA_CHECK(kernels::run_topk_encode(p, gpu().stream));
+    GRADCOMP_CUDA_CHECK(v2 ? kernels::v2::run_topk_encode(p, gpu().stream)
+                           : kernels::run_topk_encode(p, gpu().stream));
   });
-  report(state, 4.0 * n);  // one read of the input: the floor both modes are judged against
+  // The bytes a fused single pass must move: input and residual read, residual written.
+  report(state, 12.0 * n);
+  // One read of the input at the copy's rate: the approximate target is at most twice this.
+  state.counters["one_read_us"] = 4.0 * n / device_copy_bytes_per_second() * 1e6;
   for (auto* s : segs) cudaFree(s);
   cudaFree(payload);
+  cudaFree(ws);
+  cudaFree(r_in);
+  cudaFree(r_out);
+  unsetenv("GRADCOMP_TOPK_EXACT");
+  unsetenv("GRADCOMP_TOPK_FUSED");
+}
+
+// Args: elements, W, kernel generation. Decode-and-mean of W exact top-k payloads (1 %), the
+// payload checks included.
+void BM_CudaTopKDecode(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  const int64_t n = state.range(0);
+  const int world = static_cast<int>(state.range(1));
+  const bool v2 = state.range(2) == 2;
+  Inputs in(n, DType::kFloat32);
+  TopKOptions o;
+  const int64_t k = topk_k(n, o.ratio), cap = topk_capacity(n, o);
+  const size_t pbytes = topk_payload_bytes(cap, DType::kFloat32);
+  void* ws = device_alloc(std::max(kernels::v2::topk_workspace_bytes(n),
+                                   kernels::topk_workspace_bytes(n)));
+  std::vector<uint8_t*> payloads;
+  for (int w = 0; w < world; ++w) {
+    payloads.push_back(static_cast<uint8_t*>(device_alloc(pbytes)));
+    Segment* seg = device_segments({Segment{in.at(w), 0, n}});
+    TopKEncodeParams e;
+    e.segments = seg;
+    e.num_segments = 1;
+    e.numel = n;
+    e.k = k;
+    e.capacity = static_cast<uint32_t>(cap);
+    e.payload = payloads.back();
+    e.workspace = ws;
+    GRADCOMP_CUDA_CHECK(kernels::run_topk_encode(e, gpu().stream));
+    GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(gpu().stream));
+    cudaFree(seg);
+  }
+  auto* ptrs = static_cast<const uint8_t**>(device_alloc(sizeof(void*) * world));
+  GRADCOMP_CUDA_CHECK(
+      cudaMemcpy(ptrs, payloads.data(), sizeof(void*) * world, cudaMemcpyHostToDevice));
+  void* out = device_alloc(n * 4);
+  Segment* oseg = device_segments({Segment{out, 0, n}});
+  auto* status = static_cast<int32_t*>(device_alloc(8));
+  GRADCOMP_CUDA_CHECK(cudaMemset(status, 0, 8));
+  auto* body_sums = static_cast<uint64_t*>(device_alloc(sizeof(uint64_t) * (world + 1)));
+  TopKDecodeParams d;
+  d.payloads = ptrs;
+  d.num_payloads = world;
+  d.payload_bytes = pbytes;
+  d.numel = n;
+  d.capacity = static_cast<uint32_t>(cap);
+  d.segments = oseg;
+  d.num_segments = 1;
+  d.divisor = static_cast<float>(world);
+  d.status = status;
+  d.body_sums = body_sums;
+  d.workspace = ws;
+  time_loop(state, [&](int) {
+    GRADCOMP_CUDA_CHECK(
+        cudaMemsetAsync(body_sums, 0, sizeof(uint64_t) * (world + 1), gpu().stream));
+    GRADCOMP_CUDA_CHECK(v2 ? kernels::v2::run_topk_decode(d, gpu().stream)
+                           : kernels::run_topk_decode(d, gpu().stream));
+  });
+  int32_t refused = 0;
+  GRADCOMP_CUDA_CHECK(cudaMemcpy(&refused, status, sizeof refused, cudaMemcpyDeviceToHost));
+  if (refused != 0) state.SkipWithError("the timed decodes refused their payloads");
+  report(state, static_cast<double>(pbytes) * world + 4.0 * n);
+  for (auto* p : payloads) cudaFree(p);
+  cudaFree(ptrs);
+  cudaFree(out);
+  cudaFree(oseg);
+  cudaFree(status);
+  cudaFree(body_sums);
   cudaFree(ws);
 }
 
@@ -316,9 +419,21 @@ BENCHMARK(BM_CudaQ4DecodeSum)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CudaTopKEncode)
-    ->ArgNames({"n", "exact"})
-    ->Args({kBig, 1})
-    ->Args({kBig, 0})
+    ->ArgNames({"n", "exact", "gen"})
+    ->Args({kBig, 1, 1})
+    ->Args({kBig, 1, 2})
+    ->Args({kBig, 1, 3})
+    ->Args({kBig, 1, 4})
+    ->Args({kBig, 0, 1})
+    ->Args({kBig, 0, 2})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CudaTopKDecode)
+    ->ArgNames({"n", "W", "gen"})
+    ->Args({kBig, 1, 1})
+    ->Args({kBig, 1, 2})
+    ->Args({kBig / 4, 4, 1})
+    ->Args({kBig / 4, 4, 2})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CudaFusedPacking)

@@ -21,4 +21,10 @@ if ! "$venv/bin/python" -c "$check" >/dev/null 2>&1; then
   "$venv/bin/pip" install -q --upgrade pip >&2
   "$venv/bin/pip" install -q "$torch_spec" numpy scikit-learn pytest matplotlib prometheus_client pyyaml kubernetes-validate setuptools wheel >&2
 fi
+# CCCL >= 3.3 headers (cub::DeviceTopK) for the v2 top-k kernels, pinned; CMake finds them in
+# this venv (or takes -DGRADCOMP_CCCL_INCLUDE_DIR=<venv>/lib/python3.*/site-packages/nvidia/cu13/include/cccl).
+cccl_version="13.3.5.0.6"
+if ! "$venv/bin/python" -c "import importlib.metadata as m; assert m.version('nvidia-cuda-cccl') == '$cccl_version'" >/dev/null 2>&1; then
+  "$venv/bin/pip" install -q "nvidia-cuda-cccl==$cccl_version" >&2
+fi
 echo "$venv"

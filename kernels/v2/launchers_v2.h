@@ -28,6 +28,11 @@ size_t topk_workspace_bytes(int64_t numel);
 LaunchStatus run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream);
 LaunchStatus run_topk_decode(const TopKDecodeParams& p, cudaStream_t stream);
 
+// How v2 finds the exact threshold in this build and process: the sample bracket (default), or
+// cub::DeviceTopK with GRADCOMP_TOPK_EXACT=cub when the build found CCCL >= 3.3 (else it says
+// that it fell back to the bracket).
+const char* topk_exact_method();
+
 }  // namespace v2
 }  // namespace kernels
 }  // namespace gradcomp

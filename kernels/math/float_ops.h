@@ -99,5 +99,18 @@ GRADCOMP_HD uint32_t abs_bits(float x) {
   return float_bits(x) & 0x7FFFFFFFu;
 }
 
+// The decoders' mean: when the divisor is +-2^e with e in [-126, 126], its reciprocal
+// +-2^-e is an exact normal float and x * 2^-e is the same correctly rounded value as x / 2^e for
+// every x (zeros, subnormal results, infinities and NaN included), so the device may multiply.
+// Returns false (and leaves *inv) for any other divisor.
+GRADCOMP_HD bool pow2_reciprocal(float divisor, float* inv) {
+  const uint32_t b = float_bits(divisor);
+  const uint32_t exp = (b >> 23) & 0xFFu;
+  if ((b & 0x007FFFFFu) != 0 || exp < 1 || exp > 253) return false;  // not +-2^e, or 2^-e
+                                                                     // not normal
+  *inv = bits_float((b & 0x80000000u) | ((254u - exp) << 23));
+  return true;
+}
+
 }  // namespace math
 }  // namespace gradcomp

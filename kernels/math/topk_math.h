@@ -70,19 +70,6 @@ GRADCOMP_HD int64_t topk_sample_rank(int64_t k, int64_t n, int64_t samples) {
   return m < 1 ? 1 : (m > samples ? samples : m);
 }
 
-// Decode's mean: when the divisor is +-2^e with e in [-126, 126], its reciprocal
-// +-2^-e is an exact normal float and x * 2^-e is the same correctly rounded value as x / 2^e for
-// every x (zeros, subnormal results, infinities and NaN included), so the device may multiply.
-// Returns false (and leaves *inv) for any other divisor.
-GRADCOMP_HD bool topk_pow2_reciprocal(float divisor, float* inv) {
-  const uint32_t b = float_bits(divisor);
-  const uint32_t exp = (b >> 23) & 0xFFu;
-  if ((b & 0x007FFFFFu) != 0 || exp < 1 || exp > 253) return false;  // not +-2^e, or 2^-e
-                                                                     // not normal
-  *inv = bits_float((b & 0x80000000u) | ((254u - exp) << 23));
-  return true;
-}
-
 // ---- DGC's remedies (docs/algorithms.md) ----------------------------------------------------
 
 // Momentum correction: the velocity u = m * u + g, each step rounded on its own.

@@ -202,7 +202,7 @@ struct Q4DecodeArgs {
   int num_segments;
   void* output;  // single aligned segment: the first element to write
   float divisor;
-  float inverse;  // 1 / divisor, exact when the divisor is a power of two
+  float inverse;  // 1 / divisor when it is exact (math::pow2_reciprocal)
   Q4Layout layout;
   const int32_t* status;
   uint32_t* nonfinite;
@@ -455,8 +455,8 @@ LaunchStatus run_q4_decode(const Q4DecodeParams& p, cudaStream_t stream) {
   a.segments = p.segments;
   a.num_segments = p.num_segments;
   a.divisor = p.divisor;
-  a.inverse = exact_inverse_of_pow2(p.divisor);
-  const bool pow2 = a.inverse != 0.0f;
+  a.inverse = 0.0f;
+  const bool pow2 = math::pow2_reciprocal(p.divisor, &a.inverse);
   a.layout = q4_layout(static_cast<uint64_t>(p.numel), p.block_size);
   a.status = p.status;
   a.nonfinite = p.nonfinite;

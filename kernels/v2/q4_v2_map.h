@@ -93,16 +93,6 @@ GRADCOMP_HD uint64_t fp32_store_first(uint64_t span, int lane, int round) {
   return span * kSpanElements + 4 * static_cast<uint64_t>(lane + kWarpLanes * round);
 }
 
-// The decoders divide by a power of two as a multiply by its inverse: when d is a normal power
-// of two whose inverse is normal too, x * (1 / d) and x / d are both the correctly rounded
-// x * 2^-k, for every x. Returns 0 (use the division) for any other divisor.
-GRADCOMP_HD float exact_inverse_of_pow2(float d) {
-  const uint32_t bits = math::float_bits(d);
-  const uint32_t exponent = (bits >> 23) & 0xFFu;
-  const bool pow2 = (bits & 0x807FFFFFu) == 0 && exponent > 1 && exponent < 253;
-  return pow2 ? math::bits_float((254u - exponent) << 23) : 0.0f;
-}
-
 }  // namespace v2
 }  // namespace kernels
 }  // namespace gradcomp

@@ -45,9 +45,9 @@
 #endif
 #endif
 
-#include "payload_kernels.h"
 #include "segment_io.cuh"
 #include "v2/launchers_v2.h"
+#include "v2/payload_v2.h"
 #include "v2/topk_v2_map.h"
 
 namespace gradcomp {
@@ -1247,13 +1247,12 @@ LaunchStatus run_topk_decode(const TopKDecodeParams& p, cudaStream_t stream) {
   topk_v2_validate_kernel<<<grid, kThreads, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return launched(err);
-  err = detail::launch_payload_checks(p.payloads, p.num_payloads, nullptr, p.numel,
-                                      format::kCodecTopK, p.capacity, p.value_dtype,
-                                      p.payload_bytes, p.body_sums, p.status, stream);
+  err = launch_checks(p.payloads, p.num_payloads, nullptr, p.numel, format::kCodecTopK,
+                      p.capacity, p.value_dtype, p.payload_bytes, p.body_sums, p.status, stream);
   if (err != cudaSuccess || p.numel == 0) return launched(err);
   const int64_t tiles = topk_decode_tiles(p.numel);
   float inv = 0.0f;
-  if (math::topk_pow2_reciprocal(p.divisor, &inv)) {
+  if (math::pow2_reciprocal(p.divisor, &inv)) {
     topk_v2_decode_kernel<true><<<static_cast<unsigned>(tiles), kTopKDecodeThreads, 0, stream>>>(
         p, inv);
   } else {

@@ -398,12 +398,12 @@ TEST(TopKV2Map, DecodeRunsPartitionEveryPayloadsEntries) {
 TEST(TopKV2Math, PowerOfTwoReciprocalDividesExactly) {
   float inv = 0.0f;
   for (float d : {1.0f, 2.0f, 4.0f, 0.5f, -8.0f, 0x1p-126f, 0x1p126f}) {
-    ASSERT_TRUE(math::topk_pow2_reciprocal(d, &inv)) << d;
+    ASSERT_TRUE(math::pow2_reciprocal(d, &inv)) << d;
     EXPECT_EQ(math::mul_rn(d, inv), 1.0f) << d;
   }
   for (float d : {3.0f, 0.0f, -0.0f, 0x1p127f, 0x1p-127f, 0x1p-149f,
                   std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()})
-    EXPECT_FALSE(math::topk_pow2_reciprocal(d, &inv)) << d;
+    EXPECT_FALSE(math::pow2_reciprocal(d, &inv)) << d;
   std::mt19937 rng(1);
   std::vector<float> xs = {0.0f, -0.0f, 1.0f, 0x1p-149f, 0x1p-126f, 3.0e38f,
                            std::numeric_limits<float>::infinity(),
@@ -411,7 +411,7 @@ TEST(TopKV2Math, PowerOfTwoReciprocalDividesExactly) {
                            std::numeric_limits<float>::quiet_NaN()};
   for (int i = 0; i < 20000; ++i) xs.push_back(math::bits_float(rng()));
   for (float d : {2.0f, 4.0f, 0.25f, -2.0f, 0x1p-126f, 0x1p126f, 1024.0f}) {
-    ASSERT_TRUE(math::topk_pow2_reciprocal(d, &inv));
+    ASSERT_TRUE(math::pow2_reciprocal(d, &inv));
     for (float x : xs)
       ASSERT_EQ(math::float_bits(math::mul_rn(x, inv)), math::float_bits(math::div_rn(x, d)))
           << x << " / " << d;

@@ -3,10 +3,10 @@
 // largest |x|, unsorted, no error feedback and no payload: the figure the v2 exact target (at
 // most 500 us per 1e8 with error feedback) is set against (1025 us on an H200, 2026-12-04).
 #include <benchmark/benchmark.h>
-#include <cub/device/device_topk.cuh>
-#include <cuda/iterator>
 
 #include <cmath>
+#include <cub/device/device_topk.cuh>
+#include <cuda/iterator>
 #include <random>
 #include <vector>
 
@@ -20,13 +20,13 @@ struct AbsKey {
   }
 };
 
-#define PEER_CHECK(call)                                                   \
-  do {                                                                     \
-    const cudaError_t e_ = (call);                                         \
-    if (e_ != cudaSuccess) {                                               \
-      state.SkipWithError(cudaGetErrorString(e_));                         \
-      return;                                                              \
-    }                                                                      \
+#define PEER_CHECK(call)                           \
+  do {                                             \
+    const cudaError_t e_ = (call);                 \
+    if (e_ != cudaSuccess) {                       \
+      state.SkipWithError(cudaGetErrorString(e_)); \
+      return;                                      \
+    }                                              \
   } while (0)
 
 void BM_CubDeviceTopK(benchmark::State& state) {

@@ -121,6 +121,16 @@ Segment* device_segments(const std::vector<Segment>& host) {
   return d;
 }
 
+// The kernel generation of a benchmark row: 1 (v1) or 2 (v2, opt-in until an H200 run proves it).
+kernels::LaunchStatus q4_encode_gen(const Q4EncodeParams& p, int64_t gen) {
+  return gen >= 2 ? kernels::v2::run_q4_encode(p, 0, gpu().stream)
+                  : kernels::run_q4_encode(p, 0, gpu().stream);
+}
+kernels::LaunchStatus q4_decode_gen(const Q4DecodeParams& p, int64_t gen) {
+  return gen >= 2 ? kernels::v2::run_q4_decode(p, gpu().stream)
+                  : kernels::run_q4_decode(p, gpu().stream);
+}
+
 void BM_CudaCopy(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
   const size_t bytes = static_cast<size_t>(state.range(0)) * 4;
@@ -133,7 +143,7 @@ void BM_CudaCopy(benchmark::State& state) {
   cudaFree(b);
 }
 
-// Args: elements, dtype, stochastic, error feedback.
+// Args: elements, dtype, stochastic, error feedback, kernel generation.
 void BM_CudaQ4Encode(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
   const int64_t n = state.range(0);
@@ -146,8 +156,11 @@ void BM_CudaQ4Encode(benchmark::State& state) {
   const size_t pbytes = q4_payload_bytes(n, 64);
   auto* payload = static_cast<uint8_t*>(device_alloc(pbytes));
   std::vector<Segment*> segs;
-  for (size_t c = 0; c < in.copies.size(); ++c)
-    segs.push_back(device_segments({Segment{in.copies[c], 0, n}}));
+  std::vector<Segment> host;  // v2 reads the host copy to pick its aligned kernel
+  for (size_t c = 0; c < in.copies.size(); ++c) {
+    host.push_back(Segment{in.copies[c], 0, n});
+    segs.push_back(device_segments({host.back()}));
+  }
   Q4EncodeParams p;
   p.num_segments = 1;
   p.dtype = static_cast<uint8_t>(dtype);
@@ -156,9 +169,12 @@ void BM_CudaQ4Encode(benchmark::State& state) {
   p.residual_in = r_in;
   p.residual_out = r_out;
   p.payload = payload;
+  const int64_t gen = state.range(4);
   time_loop(state, [&](int i) {
-    p.segments = segs[static_cast<size_t>(i) % segs.size()];
-    GRADCOMP_CUDA_CHECK(kernels::run_q4_encode(p, 0, gpu().stream));
+    const size_t c = static_cast<size_t>(i) % segs.size();
+    p.segments = segs[c];
+    p.segments_host = &host[c];
+    GRADCOMP_CUDA_CHECK(q4_encode_gen(p, gen));
   });
   report(state, static_cast<double>(n) * dtype_size(dtype) + pbytes + (ef ? 8.0 * n : 0.0));
   for (auto* s : segs) cudaFree(s);
@@ -167,7 +183,8 @@ void BM_CudaQ4Encode(benchmark::State& state) {
   cudaFree(r_out);
 }
 
-// Args: elements, W. Decode-and-accumulate of W payloads into fp32.
+// Args: elements, W, kernel generation. Decode-and-mean of W payloads into fp32, payload checks
+// included.
 void BM_CudaQ4DecodeSum(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
   const int64_t n = state.range(0);
@@ -190,12 +207,15 @@ void BM_CudaQ4DecodeSum(benchmark::State& state) {
   GRADCOMP_CUDA_CHECK(
       cudaMemcpy(ptrs, payloads.data(), sizeof(void*) * world, cudaMemcpyHostToDevice));
   void* out = device_alloc(n * 4);
-  Segment* oseg = device_segments({Segment{out, 0, n}});
+  const Segment host_oseg{out, 0, n};
+  Segment* oseg = device_segments({host_oseg});
   auto* status = static_cast<int32_t*>(device_alloc(8));
   GRADCOMP_CUDA_CHECK(cudaMemset(status, 0, 8));
   // The payloads' body checksums are summed into zeroed words on every launch (as the backend
   // stages them), so each timed decode zeroes them first: a small memset inside the timing.
-  auto* body_sums = static_cast<uint64_t*>(device_alloc(sizeof(uint64_t) * world));
+  // (v2 counts its finished check blocks in one more word.)
+  const size_t sum_bytes = sizeof(uint64_t) * (world + 1);
+  auto* body_sums = static_cast<uint64_t*>(device_alloc(sum_bytes));
   Q4DecodeParams d;
   d.payloads = ptrs;
   d.num_payloads = world;
@@ -204,11 +224,13 @@ void BM_CudaQ4DecodeSum(benchmark::State& state) {
   d.segments = oseg;
   d.num_segments = 1;
   d.divisor = static_cast<float>(world);
+  d.segments_host = &host_oseg;
   d.status = status;
   d.body_sums = body_sums;
+  const int64_t gen = state.range(2);
   time_loop(state, [&](int) {
-    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(body_sums, 0, sizeof(uint64_t) * world, gpu().stream));
-    GRADCOMP_CUDA_CHECK(kernels::run_q4_decode(d, gpu().stream));
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(body_sums, 0, sum_bytes, gpu().stream));
+    GRADCOMP_CUDA_CHECK(q4_decode_gen(d, gen));
   });
   // A refused payload would have made every timed decode write nothing.
   int32_t refused = 0;
@@ -225,8 +247,9 @@ void BM_CudaQ4DecodeSum(benchmark::State& state) {
 }
 
 // Args: elements, exact, kernel generation (1, 2, 3: v2 with GRADCOMP_TOPK_EXACT=cub, whose
-// threshold comes from cub::DeviceTopK when the build found CCCL >= 3.3, 4: v2 unfused). k = 1% of n; fp32
-// input with error feedback: a residual is read and the new one written (the target is with it).
+// threshold comes from cub::DeviceTopK when the build found CCCL >= 3.3, 4: v2 unfused). k = 1% of
+// n; fp32 input with error feedback: a residual is read and the new one written (the target is with
+// it).
 void BM_CudaTopKEncode(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
   const int64_t n = state.range(0);
@@ -246,8 +269,8 @@ void BM_CudaTopKEncode(benchmark::State& state) {
   o.exact = exact;
   const int64_t k = topk_k(n, o.ratio), cap = topk_capacity(n, o);
   auto* payload = static_cast<uint8_t*>(device_alloc(topk_payload_bytes(cap, DType::kFloat32)));
-  void* ws = device_alloc(v2 ? kernels::v2::topk_workspace_bytes(n)
-                             : kernels::topk_workspace_bytes(n));
+  void* ws =
+      device_alloc(v2 ? kernels::v2::topk_workspace_bytes(n) : kernels::topk_workspace_bytes(n));
   // The residual starts as a tenth of another normal draw (the encode's output after a step).
   void* r_in = device_alloc(static_cast<size_t>(n) * 4);
   void* r_out = device_alloc(static_cast<size_t>(n) * 4);
@@ -300,8 +323,8 @@ void BM_CudaTopKDecode(benchmark::State& state) {
   TopKOptions o;
   const int64_t k = topk_k(n, o.ratio), cap = topk_capacity(n, o);
   const size_t pbytes = topk_payload_bytes(cap, DType::kFloat32);
-  void* ws = device_alloc(std::max(kernels::v2::topk_workspace_bytes(n),
-                                   kernels::topk_workspace_bytes(n)));
+  void* ws = device_alloc(
+      std::max(kernels::v2::topk_workspace_bytes(n), kernels::topk_workspace_bytes(n)));
   std::vector<uint8_t*> payloads;
   for (int w = 0; w < world; ++w) {
     payloads.push_back(static_cast<uint8_t*>(device_alloc(pbytes)));
@@ -322,7 +345,8 @@ void BM_CudaTopKDecode(benchmark::State& state) {
   GRADCOMP_CUDA_CHECK(
       cudaMemcpy(ptrs, payloads.data(), sizeof(void*) * world, cudaMemcpyHostToDevice));
   void* out = device_alloc(n * 4);
-  Segment* oseg = device_segments({Segment{out, 0, n}});
+  const Segment host_oseg{out, 0, n};
+  Segment* oseg = device_segments({host_oseg});
   auto* status = static_cast<int32_t*>(device_alloc(8));
   GRADCOMP_CUDA_CHECK(cudaMemset(status, 0, 8));
   auto* body_sums = static_cast<uint64_t*>(device_alloc(sizeof(uint64_t) * (world + 1)));
@@ -357,17 +381,18 @@ void BM_CudaTopKDecode(benchmark::State& state) {
   cudaFree(ws);
 }
 
-// Args: tensors, fused. 100 tensors encoded by one fused launch, or flattened first then encoded.
+// Args: tensors, fused, kernel generation. 100 tensors encoded by one fused launch, or flattened
+// first then encoded.
 void BM_CudaFusedPacking(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
   const int tensors = static_cast<int>(state.range(0));
   const bool fused = state.range(1) != 0;
-  std::mt19937 gen(3);
+  std::mt19937 rng(3);
   std::vector<Segment> host;
   std::vector<void*> bufs;
   int64_t total = 0;
   for (int t = 0; t < tensors; ++t) {
-    const int64_t n = 100000 + gen() % 400000;
+    const int64_t n = 100000 + rng() % 400000;
     bufs.push_back(device_alloc(n * 4));
     GRADCOMP_CUDA_CHECK(cudaMemset(bufs.back(), 0x3c, n * 4));
     host.push_back(Segment{bufs.back(), total, n});
@@ -375,7 +400,8 @@ void BM_CudaFusedPacking(benchmark::State& state) {
   }
   Segment* list = device_segments(host);
   void* flat = device_alloc(total * 4);
-  Segment* flat_seg = device_segments({Segment{flat, 0, total}});
+  const Segment host_flat{flat, 0, total};
+  Segment* flat_seg = device_segments({host_flat});
   const size_t pbytes = q4_payload_bytes(total, 64);
   auto* payload = static_cast<uint8_t*>(device_alloc(pbytes));
   Q4EncodeParams p;
@@ -383,6 +409,8 @@ void BM_CudaFusedPacking(benchmark::State& state) {
   p.payload = payload;
   p.num_segments = fused ? tensors : 1;
   p.segments = fused ? list : flat_seg;
+  p.segments_host = fused ? host.data() : &host_flat;
+  const int64_t gen = state.range(2);
   time_loop(state, [&](int) {
     if (!fused) {
       for (const Segment& s : host) {
@@ -390,7 +418,7 @@ void BM_CudaFusedPacking(benchmark::State& state) {
                                             s.numel * 4, cudaMemcpyDeviceToDevice, gpu().stream));
       }
     }
-    GRADCOMP_CUDA_CHECK(kernels::run_q4_encode(p, 0, gpu().stream));
+    GRADCOMP_CUDA_CHECK(q4_encode_gen(p, gen));
   });
   report(state, 4.0 * total + pbytes);
   for (void* b : bufs) cudaFree(b);
@@ -401,21 +429,21 @@ void BM_CudaFusedPacking(benchmark::State& state) {
 }
 
 constexpr int64_t kBig = 100'000'000;
+constexpr int64_t kBucket = 1 << 20;  // a 1M-element bucket: the launch-latency target
 
 BENCHMARK(BM_CudaCopy)->Arg(kBig)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CudaQ4Encode)
-    ->ArgNames({"n", "dtype", "sr", "ef"})
-    ->Args({kBig, 0, 1, 1})
-    ->Args({kBig, 0, 0, 1})
-    ->Args({kBig, 0, 1, 0})
-    ->Args({kBig, 0, 0, 0})
-    ->Args({kBig, 2, 1, 0})
+    ->ArgNames({"n", "dtype", "sr", "ef", "gen"})
+    ->ArgsProduct({{kBig}, {0}, {1, 0}, {1, 0}, {1, 2}})
+    ->ArgsProduct({{kBig}, {2}, {1}, {0}, {1, 2}})
+    ->ArgsProduct({{kBucket}, {0}, {1}, {1}, {1, 2}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CudaQ4DecodeSum)
-    ->ArgNames({"n", "W"})
-    ->Args({kBig / 4, 4})
-    ->Args({kBig, 1})
+    ->ArgNames({"n", "W", "gen"})
+    ->ArgsProduct({{kBig / 4}, {4}, {1, 2}})
+    ->ArgsProduct({{kBig}, {1}, {1, 2}})
+    ->ArgsProduct({{kBucket}, {1}, {1, 2}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CudaTopKEncode)
@@ -437,9 +465,8 @@ BENCHMARK(BM_CudaTopKDecode)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CudaFusedPacking)
-    ->ArgNames({"tensors", "fused"})
-    ->Args({100, 1})
-    ->Args({100, 0})
+    ->ArgNames({"tensors", "fused", "gen"})
+    ->ArgsProduct({{100}, {1, 0}, {1, 2}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -27,4 +27,10 @@ cccl_version="13.3.5.0.6"
 if ! "$venv/bin/python" -c "import importlib.metadata as m; assert m.version('nvidia-cuda-cccl') == '$cccl_version'" >/dev/null 2>&1; then
   "$venv/bin/pip" install -q "nvidia-cuda-cccl==$cccl_version" >&2
 fi
+# cuobjdump and nvdisasm for the static SASS check (scripts/check_sass_budgets.sh): the CUDA 13.0
+# toolkit here ships without them; these read sm_90 cubins.
+disasm_version="13.5.37"
+if ! "$venv/bin/python" -c "import importlib.metadata as m; assert m.version('nvidia-cuda-cuobjdump') == '$disasm_version' and m.version('nvidia-cuda-nvdisasm') == '$disasm_version'" >/dev/null 2>&1; then
+  "$venv/bin/pip" install -q "nvidia-cuda-cuobjdump==$disasm_version" "nvidia-cuda-nvdisasm==$disasm_version" >&2
+fi
 echo "$venv"

@@ -16,6 +16,11 @@ step "layers (no upward includes) and clang-format"
 python3 "$root/scripts/check_layers.py"
 git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format --dry-run --Werror
 
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  step "static SASS check: v1 kernels reported, v2 kernels held to kernels/sass_budgets.txt"
+  GRADCOMP_VENV="$("$root/scripts/python_env.sh")" "$root/scripts/check_sass_budgets.sh"
+fi
+
 step "core build (CUDA architectures: $cuda_archs when nvcc is present)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$cuda_archs" \
   -DCMAKE_INSTALL_PREFIX="$root/build/install"

@@ -106,8 +106,9 @@ GRADCOMP_HD uint32_t abs_bits(float x) {
 GRADCOMP_HD bool pow2_reciprocal(float divisor, float* inv) {
   const uint32_t b = float_bits(divisor);
   const uint32_t exp = (b >> 23) & 0xFFu;
-  if ((b & 0x007FFFFFu) != 0 || exp < 1 || exp > 253) return false;  // not +-2^e, or 2^-e
-                                                                     // not normal
+  if ((b & 0x007FFFFFu) != 0 || exp < 1 || exp > 253)
+    return false;  // not +-2^e, or 2^-e
+                   // not normal
   *inv = bits_float((b & 0x80000000u) | ((254u - exp) << 23));
   return true;
 }

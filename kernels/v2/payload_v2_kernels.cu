@@ -41,6 +41,16 @@ __device__ __forceinline__ uint64_t terms_of(uint4 v, uint64_t word) {
          format::body_checksum_term(v.z, word + 2) + format::body_checksum_term(v.w, word + 3);
 }
 
+// The header through the read-only path in 4-byte words (a payload may sit at any 4-byte address).
+__device__ __forceinline__ format::PayloadHeader load_header(const uint8_t* payload) {
+  format::PayloadHeader h;
+  uint32_t* words = reinterpret_cast<uint32_t*>(&h);
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof h / 4); ++i)
+    words[i] = __ldg(reinterpret_cast<const unsigned int*>(payload) + i);
+  return h;
+}
+
 // blockIdx.y: the payload; blockIdx.x: a slice of its body, grid-strided in groups of four
 // 16-byte loads a thread.
 __global__ void __launch_bounds__(kThreadsPerBlock) check_payloads_v2_kernel(const CheckArgs a) {
@@ -84,7 +94,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) check_payloads_v2_kernel(con
   if (!last) return;
   __threadfence();
   for (int p = threadIdx.x; p < a.n; p += kThreadsPerBlock) {
-    const format::PayloadHeader h = format::read_header(payload_of(a, p));
+    const format::PayloadHeader h = load_header(payload_of(a, p));
     int code =
         format::check_header(h, a.codec, numel_of(a, p), a.param, a.value_dtype, a.available);
     if (code == format::kPayloadOk && atomicAdd(&a.sums[p], 0ull) != h.body_checksum)

@@ -93,8 +93,9 @@ __device__ __forceinline__ void load_residual(const Q4EncodeArgs& a, uint64_t fi
       load8_aligned<kRes>(static_cast<const char*>(a.residual_in) + first * Dtype<kRes>::kBytes,
                           rin);
     } else {
-      for (int j = 0; j < n; ++j)
-        rin[j] = load1<kRes>(a.residual_in, static_cast<int64_t>(first) + j);
+#pragma unroll
+      for (int j = 0; j < kLaneElements; ++j)
+        if (j < n) rin[j] = load1<kRes>(a.residual_in, static_cast<int64_t>(first) + j);
     }
   }
 }
@@ -107,8 +108,9 @@ __device__ __forceinline__ void store_residual(const Q4EncodeArgs& a, uint64_t f
     if (aligned && n == kLaneElements) {
       store8_aligned<kRes>(static_cast<char*>(a.residual_out) + first * Dtype<kRes>::kBytes, out);
     } else {
-      for (int j = 0; j < n; ++j)
-        store1<kRes>(a.residual_out, static_cast<int64_t>(first) + j, out[j]);
+#pragma unroll
+      for (int j = 0; j < kLaneElements; ++j)
+        if (j < n) store1<kRes>(a.residual_out, static_cast<int64_t>(first) + j, out[j]);
     }
   }
 }
@@ -146,7 +148,7 @@ __device__ __forceinline__ void seal(const Q4EncodeArgs& a, uint64_t sum) {
 // one at a 16-byte address, the same; inside one elsewhere, consecutive loads traded through
 // shared memory; across segments, element by element.
 template <uint8_t kIn, uint8_t kRes, bool kSR, bool kAligned>
-__global__ void __launch_bounds__(kThreadsPerBlock) q4_encode_v2_kernel(const Q4EncodeArgs a) {
+__global__ void __launch_bounds__(kThreadsPerBlock, 2) q4_encode_v2_kernel(const Q4EncodeArgs a) {
   __shared__ float stage[kAligned ? 1 : kWarpsPerBlock * kSpanElements];
   const int lane = threadIdx.x & 31;
   const uint64_t warp = (static_cast<uint64_t>(blockIdx.x) * kThreadsPerBlock + threadIdx.x) >> 5;
@@ -156,7 +158,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) q4_encode_v2_kernel(const Q4
   float* my_stage = stage + (kAligned ? 0 : (threadIdx.x >> 5) * kSpanElements);
   const bool res_aligned = kAligned || a.residuals_aligned;
   uint64_t sum = 0;
-  for (uint64_t span = warp; span < spans; span += warps) {
+  uint64_t span = warp;
+  for (; span < spans; span += warps) {
     const uint64_t first = lane_first(span, lane);
     float x[kLaneElements], rin[kLaneElements], out[kLaneElements];
     if (kAligned) {
@@ -178,8 +181,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) q4_encode_v2_kernel(const Q4
     encode_lane<kRes, kSR, true>(a, first, kLaneElements, lanes_per_block, x, rin, out, &sum);
     store_residual<kRes>(a, first, kLaneElements, res_aligned, out);
   }
-  // The last, partial span: one warp, element by element.
-  if (spans * kSpanElements < static_cast<uint64_t>(a.numel) && warp == spans % warps) {
+  // The last, partial span: the warp whose turn it is (its loop stopped at it), element by
+  // element.
+  if (span == spans && spans * kSpanElements < static_cast<uint64_t>(a.numel)) {
     const uint64_t first = lane_first(spans, lane);
     const int n = lane_count(a.numel, first);
     float x[kLaneElements], rin[kLaneElements], out[kLaneElements];
@@ -265,7 +269,7 @@ __device__ __forceinline__ void store_span_aligned(void* span, float* stage, int
 }
 
 template <uint8_t kOut, bool kPow2, bool kAligned>
-__global__ void __launch_bounds__(kThreadsPerBlock) q4_decode_v2_kernel(const Q4DecodeArgs a) {
+__global__ void __launch_bounds__(kThreadsPerBlock, 2) q4_decode_v2_kernel(const Q4DecodeArgs a) {
   __shared__ float4 stage4[kWarpsPerBlock * kSpanElements / 4];
   if (__ldg(a.status) != 0) return;  // a payload failed its checks: write nothing
   const int lane = threadIdx.x & 31;
@@ -274,7 +278,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) q4_decode_v2_kernel(const Q4
   const uint64_t spans = full_spans(a.numel);
   float* stage = reinterpret_cast<float*>(stage4) + (threadIdx.x >> 5) * kSpanElements;
   bool bad = false;
-  for (uint64_t span = warp; span < spans; span += warps) {
+  uint64_t span = warp;
+  for (; span < spans; span += warps) {
     const uint64_t first = lane_first(span, lane);
     float v[kLaneElements];
     bad |= decode_lane<kPow2>(a, first, kLaneElements, v);
@@ -295,7 +300,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) q4_decode_v2_kernel(const Q4
       }
     }
   }
-  if (spans * kSpanElements < static_cast<uint64_t>(a.numel) && warp == spans % warps) {
+  if (span == spans && spans * kSpanElements < static_cast<uint64_t>(a.numel)) {
     const uint64_t first = lane_first(spans, lane);
     const int n = lane_count(a.numel, first);
     float v[kLaneElements];

@@ -26,13 +26,12 @@
 // workspace memset.
 //
 // Global memory is reached through typed pointers and __ldg / __ldcg / __stcg / __stcs only.
-#include <cub/block/block_radix_sort.cuh>
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cub/block/block_radix_sort.cuh>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
 
 // cub::DeviceTopK (CCCL >= 3.3, from the pinned nvidia-cuda-cccl headers CMake puts before the
 // toolkit's for this file only) is the second exact threshold finder, chosen by
@@ -65,7 +64,6 @@ constexpr int kMaxSelectBlocks = 1024;
 static_assert(kBins == kThreads * kTopKChooseSlots, "one block chooses a digit");
 static_assert(kSampleItems * kSampleThreads == math::kTopKSampleMax, "sample fits the block");
 
-
 // Selection state between kernels (device memory), so no step waits on the host.
 struct State {
   unsigned threshold;  // compaction threshold key
@@ -78,18 +76,18 @@ struct State {
   unsigned pad;
   ull eq_limit;
   ull remaining;
-  ull gt_hi;     // keys above the bracket
-  ull ncand;     // keys buffered
-  ull checksum;  // body checksum terms
-  ull total;     // packed greater/equal totals of the bucket
-  unsigned kmin;  // cub path: smallest of the k keys DeviceTopK returned
+  ull gt_hi;            // keys above the bracket
+  ull ncand;            // keys buffered
+  ull checksum;         // body checksum terms
+  ull total;            // packed greater/equal totals of the bucket
+  unsigned kmin;        // cub path: smallest of the k keys DeviceTopK returned
   unsigned skip_full;   // fused exact: the buffered pass wrote the payload (the full one exits)
   unsigned tile_next;   // dynamic tile assignment of the full compaction
   unsigned tiles_done;  // its finished tiles
   unsigned tile_next2;  // ... and of the buffered compaction
   unsigned tiles_done2;
-  ull bracket_counts;   // fused exact: (keys above the bracket) << 32 | (keys inside it)
-  ull nbuf;             // fused exact: entries buffered (keys at or above the bracket's bottom)
+  ull bracket_counts;  // fused exact: (keys above the bracket) << 32 | (keys inside it)
+  ull nbuf;            // fused exact: entries buffered (keys at or above the bracket's bottom)
 };
 
 struct Workspace {
@@ -218,7 +216,8 @@ __device__ __forceinline__ void load_acc(const TopKEncodeParams& p, long long fi
       acc[j] = 0.0f;
       if (j < n) {
         const long long x = e + j;
-        while (s + 1 < p.num_segments && seg_offset(p.segments, s + 1) <= x) g = seg_load(p.segments, ++s);
+        while (s + 1 < p.num_segments && seg_offset(p.segments, s + 1) <= x)
+          g = seg_load(p.segments, ++s);
         acc[j] = ld_in(g.data, x - g.offset, p.dtype);
       }
     }
@@ -335,8 +334,7 @@ __device__ __forceinline__ ull lookback(ull* tiles, int tile, ull aggregate) {
 // ---- encode kernels ------------------------------------------------------------------------
 
 // Resets the selection state and the look-back tile states.
-__global__ void __launch_bounds__(kThreads)
-    topk_v2_init_kernel(Workspace ws, int num_tiles) {
+__global__ void __launch_bounds__(kThreads) topk_v2_init_kernel(Workspace ws, int num_tiles) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t < num_tiles) {
     __stcg(ws.tiles + t, 0ull);
@@ -507,8 +505,8 @@ __global__ void __launch_bounds__(kThreads)
     const unsigned hi = __ldcg(&st->hi), lo = __ldcg(&st->lo);
     const ull nb = __ldcg(&st->nbuf);
     const ull quads = (nb + 1) / 2;
-    for (ull q = static_cast<ull>(blockIdx.x) * blockDim.x + threadIdx.x;
-         q - threadIdx.x < quads; q += static_cast<ull>(gridDim.x) * blockDim.x) {
+    for (ull q = static_cast<ull>(blockIdx.x) * blockDim.x + threadIdx.x; q - threadIdx.x < quads;
+         q += static_cast<ull>(gridDim.x) * blockDim.x) {
       uint4 v = make_uint4(0, 0, 0, 0);
       if (q < quads) v = __ldcg(reinterpret_cast<const uint4*>(ws.cand) + q);
       const unsigned k2[2] = {v.y & 0x7FFFFFFFu, v.w & 0x7FFFFFFFu};
@@ -521,8 +519,8 @@ __global__ void __launch_bounds__(kThreads)
   } else if (use_cand == 1) {
     const ull nc = __ldcg(&st->ncand);
     const ull quads = (nc + 3) / 4;  // the buffer is 16-byte aligned
-    for (ull q = static_cast<ull>(blockIdx.x) * blockDim.x + threadIdx.x;
-         q - threadIdx.x < quads; q += static_cast<ull>(gridDim.x) * blockDim.x) {
+    for (ull q = static_cast<ull>(blockIdx.x) * blockDim.x + threadIdx.x; q - threadIdx.x < quads;
+         q += static_cast<ull>(gridDim.x) * blockDim.x) {
       uint4 v = make_uint4(0, 0, 0, 0);
       if (q < quads) v = __ldcg(reinterpret_cast<const uint4*>(ws.cand) + q);
       const unsigned k4[4] = {v.x, v.y, v.z, v.w};
@@ -749,7 +747,8 @@ __global__ void __launch_bounds__(kThreads, 4)
   for (int j = 0; j < kItems; ++j) {
     if (j < n && keys[j] >= lo) {
       if (before < cap)
-        __stcg(buf + before, make_uint2(static_cast<unsigned>(first + j), math::float_bits(acc[j])));
+        __stcg(buf + before,
+               make_uint2(static_cast<unsigned>(first + j), math::float_bits(acc[j])));
       ++before;
     }
   }
@@ -867,8 +866,7 @@ struct KeyOf {
 };
 
 // cub path, after DeviceTopK wrote the k largest keys (in no order): T is their minimum.
-__global__ void __launch_bounds__(kThreads)
-    topk_v2_keys_min_kernel(Workspace ws, long long k) {
+__global__ void __launch_bounds__(kThreads) topk_v2_keys_min_kernel(Workspace ws, long long k) {
   using Reduce = cub::BlockReduce<unsigned, kThreads>;
   __shared__ typename Reduce::TempStorage temp;
   unsigned m = 0xFFFFFFFFu;
@@ -880,8 +878,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ... and the ties taken are k minus the keys above T (every key above T is among the k).
-__global__ void __launch_bounds__(kThreads)
-    topk_v2_keys_above_kernel(Workspace ws, long long k) {
+__global__ void __launch_bounds__(kThreads) topk_v2_keys_above_kernel(Workspace ws, long long k) {
   using Reduce = cub::BlockReduce<ull, kThreads>;
   __shared__ typename Reduce::TempStorage temp;
   State* st = ws.state;
@@ -929,8 +926,8 @@ __global__ void __launch_bounds__(kThreads) topk_v2_validate_kernel(const TopKDe
   const uint8_t* payload = payload_at(p.payloads, blockIdx.y);
   if (threadIdx.x == 0) {
     const format::PayloadHeader h = load_header(payload);
-    const int code = format::check_header(h, format::kCodecTopK, p.numel, p.capacity,
-                                          p.value_dtype, p.payload_bytes);
+    const int code = format::check_header(h, format::kCodecTopK, p.numel, p.capacity, p.value_dtype,
+                                          p.payload_bytes);
     header_code = code;
     count = h.count;
     if (code != 0 && blockIdx.x == 0) set_status(p.status, code);
@@ -979,7 +976,8 @@ __global__ void __launch_bounds__(kTopKDecodeThreads)
   if (__ldcg(p.status) != 0) return;
   const long long lo = static_cast<long long>(blockIdx.x) * kTopKDecodeTile;
   const long long left = p.numel - lo;
-  const int len = left < kTopKDecodeTile ? static_cast<int>(left) : static_cast<int>(kTopKDecodeTile);
+  const int len =
+      left < kTopKDecodeTile ? static_cast<int>(left) : static_cast<int>(kTopKDecodeTile);
 #pragma unroll
   for (int i = 0; i < kTopKDecodeItems; ++i) window[topk_decode_scalar_elem(i, threadIdx.x)] = 0.0f;
   for (int w0 = 0; w0 < p.num_payloads; w0 += kTopKDecodeThreads) {
@@ -994,23 +992,22 @@ __global__ void __launch_bounds__(kTopKDecodeThreads)
       run_begin[threadIdx.x] = topk_lower_bound(load, count, static_cast<unsigned>(lo));
       run_end[threadIdx.x] = topk_lower_bound(load, count, static_cast<unsigned>(lo + len));
       run_index[threadIdx.x] = idx;
-      run_values[threadIdx.x] =
-          payload + format::section1_offset(format::make_topk_header(
-                        p.numel, p.capacity, 0, 0, p.value_dtype));
+      run_values[threadIdx.x] = payload + format::section1_offset(format::make_topk_header(
+                                              p.numel, p.capacity, 0, 0, p.value_dtype));
     }
     __syncthreads();
-    const int chunk = p.num_payloads - w0 < kTopKDecodeThreads ? p.num_payloads - w0
-                                                               : kTopKDecodeThreads;
+    const int chunk =
+        p.num_payloads - w0 < kTopKDecodeThreads ? p.num_payloads - w0 : kTopKDecodeThreads;
     for (int r = 0; r < chunk; ++r) {
       const unsigned* idx = run_index[r];
       const uint8_t* values = run_values[r];
       for (ull e = run_begin[r] + threadIdx.x; e < run_end[r]; e += kTopKDecodeThreads) {
         const unsigned i = __ldg(idx + e);
-        const float v = p.value_dtype == math::kDtypeF32
-                            ? __ldg(reinterpret_cast<const float*>(values) + e)
-                            : half_bits_to_float(
-                                  __ldg(reinterpret_cast<const unsigned short*>(values) + e),
-                                  p.value_dtype);
+        const float v =
+            p.value_dtype == math::kDtypeF32
+                ? __ldg(reinterpret_cast<const float*>(values) + e)
+                : half_bits_to_float(__ldg(reinterpret_cast<const unsigned short*>(values) + e),
+                                     p.value_dtype);
         float& s = window[i - lo];
         s = math::add_rn(s, v);
       }
@@ -1025,8 +1022,7 @@ __global__ void __launch_bounds__(kTopKDecodeThreads)
   const long long local = e0 - g.offset;
   char* out = const_cast<char*>(g.data);
   bool bad = false;
-  if (p.dtype == math::kDtypeF32 && len == kTopKDecodeTile &&
-      local + kTopKDecodeTile <= g.numel &&
+  if (p.dtype == math::kDtypeF32 && len == kTopKDecodeTile && local + kTopKDecodeTile <= g.numel &&
       (reinterpret_cast<uintptr_t>(out + local * 4) & 15) == 0) {
     float4* o = reinterpret_cast<float4*>(out + local * 4);
 #pragma unroll
@@ -1061,7 +1057,6 @@ __global__ void __launch_bounds__(kTopKDecodeThreads)
     atomicOr(p.nonfinite, 1u);
 }
 
-
 // GRADCOMP_TOPK_EXACT=cub selects cub::DeviceTopK as the exact threshold finder (for measuring
 // it against the bracket); anything else, or a build without CCCL >= 3.3, the sample bracket.
 // Read at every encode (a getenv), so one process can measure both.
@@ -1081,7 +1076,8 @@ void note_cub_fallback(const char* why) {
   static bool said = false;
   if (!said) {
     said = true;
-    std::fprintf(stderr, "gradcomp: GRADCOMP_TOPK_EXACT=cub: %s; exact top-k uses the sample bracket\n",
+    std::fprintf(stderr,
+                 "gradcomp: GRADCOMP_TOPK_EXACT=cub: %s; exact top-k uses the sample bracket\n",
                  why);
   }
 }
@@ -1116,8 +1112,9 @@ bool launch_cub_threshold(const TopKEncodeParams& p, const Workspace& ws, cudaSt
                           cudaError_t* err) {
   auto keys = ::cuda::make_transform_iterator(::cuda::counting_iterator<long long>(0), KeyOf{p});
   size_t temp_bytes = 0;
-  *err = cub::DeviceTopK::MaxKeys(nullptr, temp_bytes, keys, ws.cand, static_cast<long long>(p.numel),
-                                  static_cast<long long>(p.k), device_topk_env(stream));
+  *err =
+      cub::DeviceTopK::MaxKeys(nullptr, temp_bytes, keys, ws.cand, static_cast<long long>(p.numel),
+                               static_cast<long long>(p.k), device_topk_env(stream));
   if (*err != cudaSuccess) return true;
   const size_t keys_bytes = (static_cast<size_t>(p.k) * 4 + 255) / 256 * 256;
   if (keys_bytes + temp_bytes > static_cast<size_t>(p.numel) * 4) {
@@ -1196,7 +1193,8 @@ LaunchStatus run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream) {
   const size_t r_bytes = static_cast<size_t>(p.numel) * math::dtype_bytes(p.residual_dtype);
   const char* rin = static_cast<const char*>(p.residual_in);
   const char* rout = static_cast<const char*>(p.residual_out);
-  const bool overlap = rin != nullptr && rout != nullptr && rin < rout + r_bytes && rout < rin + r_bytes;
+  const bool overlap =
+      rin != nullptr && rout != nullptr && rin < rout + r_bytes && rout < rin + r_bytes;
   const bool fused = p.exact && !threshold_known && !overlap && !want_unfused();
   const unsigned select_grid =
       static_cast<unsigned>(tiles < kMaxSelectBlocks ? tiles : kMaxSelectBlocks);
@@ -1223,13 +1221,13 @@ LaunchStatus run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream) {
   const long long resident = static_cast<long long>(sms > 0 ? sms : 1) * 4;
   if (fused) {
     const long long buf_tiles = topk_tiles(static_cast<long long>(cand_bytes(p.numel) / 8));
-    topk_v2_buffer_compact_kernel<<<static_cast<unsigned>(buf_tiles < resident ? buf_tiles
-                                                                                : resident),
-                                    kThreads, 0, stream>>>(p, ws, values_offset);
+    topk_v2_buffer_compact_kernel<<<
+        static_cast<unsigned>(buf_tiles < resident ? buf_tiles : resident), kThreads, 0, stream>>>(
+        p, ws, values_offset);
     if ((err = cudaGetLastError()) != cudaSuccess) return launched(err);
   }
-  topk_v2_compact_kernel<<<static_cast<unsigned>(tiles < resident ? tiles : resident), kThreads,
-                           0, stream>>>(p, ws, num_tiles, values_offset);
+  topk_v2_compact_kernel<<<static_cast<unsigned>(tiles < resident ? tiles : resident), kThreads, 0,
+                           stream>>>(p, ws, num_tiles, values_offset);
   return launched(cudaGetLastError());
 }
 
@@ -1247,17 +1245,17 @@ LaunchStatus run_topk_decode(const TopKDecodeParams& p, cudaStream_t stream) {
   topk_v2_validate_kernel<<<grid, kThreads, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return launched(err);
-  err = launch_checks(p.payloads, p.num_payloads, nullptr, p.numel, format::kCodecTopK,
-                      p.capacity, p.value_dtype, p.payload_bytes, p.body_sums, p.status, stream);
+  err = launch_checks(p.payloads, p.num_payloads, nullptr, p.numel, format::kCodecTopK, p.capacity,
+                      p.value_dtype, p.payload_bytes, p.body_sums, p.status, stream);
   if (err != cudaSuccess || p.numel == 0) return launched(err);
   const int64_t tiles = topk_decode_tiles(p.numel);
   float inv = 0.0f;
   if (math::pow2_reciprocal(p.divisor, &inv)) {
-    topk_v2_decode_kernel<true><<<static_cast<unsigned>(tiles), kTopKDecodeThreads, 0, stream>>>(
-        p, inv);
+    topk_v2_decode_kernel<true>
+        <<<static_cast<unsigned>(tiles), kTopKDecodeThreads, 0, stream>>>(p, inv);
   } else {
-    topk_v2_decode_kernel<false><<<static_cast<unsigned>(tiles), kTopKDecodeThreads, 0, stream>>>(
-        p, 0.0f);
+    topk_v2_decode_kernel<false>
+        <<<static_cast<unsigned>(tiles), kTopKDecodeThreads, 0, stream>>>(p, 0.0f);
   }
   return launched(cudaGetLastError());
 }

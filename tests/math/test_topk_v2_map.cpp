@@ -384,7 +384,8 @@ TEST(TopKV2Map, DecodeRunsPartitionEveryPayloadsEntries) {
       const int64_t hi = std::min<int64_t>(lo + kTopKDecodeTile, n);
       const uint64_t b = topk_lower_bound(load, count, static_cast<uint32_t>(lo));
       const uint64_t e = topk_lower_bound(load, count, static_cast<uint32_t>(hi));
-      EXPECT_EQ(b, static_cast<uint64_t>(std::lower_bound(idx.begin(), idx.end(), lo) - idx.begin()));
+      EXPECT_EQ(b,
+                static_cast<uint64_t>(std::lower_bound(idx.begin(), idx.end(), lo) - idx.begin()));
       for (uint64_t x = b; x < e; ++x) {
         ++seen[x];
         EXPECT_GE(idx[x], lo);
@@ -405,7 +406,12 @@ TEST(TopKV2Math, PowerOfTwoReciprocalDividesExactly) {
                   std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()})
     EXPECT_FALSE(math::pow2_reciprocal(d, &inv)) << d;
   std::mt19937 rng(1);
-  std::vector<float> xs = {0.0f, -0.0f, 1.0f, 0x1p-149f, 0x1p-126f, 3.0e38f,
+  std::vector<float> xs = {0.0f,
+                           -0.0f,
+                           1.0f,
+                           0x1p-149f,
+                           0x1p-126f,
+                           3.0e38f,
                            std::numeric_limits<float>::infinity(),
                            -std::numeric_limits<float>::infinity(),
                            std::numeric_limits<float>::quiet_NaN()};

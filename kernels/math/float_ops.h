@@ -82,6 +82,14 @@ GRADCOMP_HD float div_rn(float a, float b) {
   return canonical_nan_if_nan(a / b);
 #endif
 }
+// a * b + c rounded once (IEEE fusedMultiplyAdd): the v2 encoder's exact remainder.
+GRADCOMP_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return canonical_nan_if_nan(fmaf(a, b, c));
+#endif
+}
 GRADCOMP_HD float sqrt_rn(float a) {
 #if defined(__CUDA_ARCH__)
   return __fsqrt_rn(a);

@@ -78,11 +78,11 @@ GRADCOMP_HD uint32_t q4_nibble_of(float code) {
   return float_bits(add_rn(code, 8388616.0f)) & 0xFu;
 }
 
-// q4_quantize as a float code: +0 for a block whose step is not > 0, otherwise the code of x.
-// floorf is exact; the clamp has no NaN to meet (x is finite and step > 0 here); the code is
-// formed as floor + 0 or 1, so a code of zero is +0 whatever the sign of t, as (float)0 is.
-GRADCOMP_HD float q4_quantize_float(float x, float step, uint32_t rand16, bool stochastic) {
-  const float t0 = div_rn(x, step);
+// q4_quantize as a float code, from the quotient t0 = x / step: +0 for a block whose step is not
+// > 0 (whatever t0 is), otherwise the code of x. floorf is exact; the clamp has no NaN to meet (x
+// is finite and step > 0 here); the code is formed as floor + 0 or 1, so a code of zero is +0
+// whatever the sign of t0, as (float)0 is.
+GRADCOMP_HD float q4_quantize_quotient(float t0, float step, uint32_t rand16, bool stochastic) {
   const float t = fminf(fmaxf(t0, -7.0f), 7.0f);
   const float fl = floorf(t);
   const float frac = sub_rn(t, fl);
@@ -90,6 +90,44 @@ GRADCOMP_HD float q4_quantize_float(float x, float step, uint32_t rand16, bool s
   const float bar = stochastic ? q4_random_unit(rand16) : odd_bar;
   const float q = fminf(add_rn(fl, bar < frac ? 1.0f : 0.0f), 7.0f);
   return step > 0.0f ? q : 0.0f;
+}
+
+GRADCOMP_HD float q4_quantize_float(float x, float step, uint32_t rand16, bool stochastic) {
+  return q4_quantize_quotient(div_rn(x, step), step, rand16, stochastic);
+}
+
+// ---- Division by a block's step without a division per element (the v2 encoder) -----------
+// y is the step's reciprocal, refined once per block from an approximation within 2 ulps (the
+// GPU's rcp.approx is within 1); then x / step takes three roundings: q = x y, the remainder
+// x - q step exact in one fma, q + r y. In the domain below this equals div_rn(x, step) bit for
+// bit except that x = -0 gives +0, which q4_quantize_quotient cannot tell apart: proven on the
+// host over ~10^9 pairs and every approximation error (tests/math/test_q4_fast_math.cpp).
+// Outside it (tiny or huge steps, dividends below 2^-100) the encoder divides.
+constexpr uint32_t kQ4FastStepMinBits = 27u << 23;   // 2^-100
+constexpr uint32_t kQ4FastStepMaxBits = 227u << 23;  // 2^100 (exclusive)
+constexpr uint32_t kQ4FastDividendMinBits = 27u << 23;
+
+// Whether a block may use the fast quotient: a step in [2^-100, 2^100), or a step that is not > 0
+// (zero and non-finite blocks quantize to 0 whatever the quotient).
+GRADCOMP_HD bool q4_fast_step(float step) {
+  const uint32_t b = float_bits(step);
+  return !(step > 0.0f) || (b >= kQ4FastStepMinBits && b < kQ4FastStepMaxBits);
+}
+// Whether a dividend |x| (as abs bits) may: zero, or at least 2^-100. Takes the minimum of
+// abs_bits - 1 over a lane (unsigned: zero wraps to the top) and compares once.
+GRADCOMP_HD uint32_t q4_dividend_key(uint32_t abs_bits) {
+  return abs_bits - 1u;
+}
+GRADCOMP_HD bool q4_fast_dividends(uint32_t min_key) {
+  return min_key >= kQ4FastDividendMinBits - 1u;
+}
+
+GRADCOMP_HD float q4_refine_reciprocal(float step, float approx) {
+  return fma_rn(approx, fma_rn(-step, approx, 1.0f), approx);
+}
+GRADCOMP_HD float q4_fast_quotient(float x, float step, float y) {
+  const float q = mul_rn(x, y);
+  return fma_rn(fma_rn(-q, step, x), y, q);
 }
 
 }  // namespace math

@@ -11,6 +11,14 @@ namespace {
 
 constexpr uint8_t kNoResidual = 0xFF;
 
+// The hardware's reciprocal approximation (within 1 ulp for normal steps), which
+// math::q4_refine_reciprocal turns into the step's reciprocal.
+__device__ __forceinline__ float approx_reciprocal(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Everything an encode needs, by value (no table reads for the hot path but the segments').
 struct Q4EncodeArgs {
   const Segment* segments;
@@ -54,15 +62,32 @@ __device__ __forceinline__ void encode_lane(const Q4EncodeArgs& a, uint64_t firs
                                                 a.rng_step, a.rng_bucket, a.key0, a.key1);
     r[0] = p.v[0], r[1] = p.v[1], r[2] = p.v[2], r[3] = p.v[3];
   }
+  auto rand16 = [&](int j) { return (j & 1) ? (r[j >> 1] >> 16) : (r[j >> 1] & 0xFFFFu); };
+  // The quotients without a division per element where the block and the lane's values allow
+  // (q4_math.h: equal to the division there); a lane with a tiny value or step divides.
+  uint32_t key = 0xFFFFFFFFu;
+#pragma unroll
+  for (int j = 0; j < kLaneElements; ++j)
+    key = min(key, math::q4_dividend_key(math::abs_bits(acc[j])));
+  float q[kLaneElements];
+  if (math::q4_fast_step(step) && math::q4_fast_dividends(key)) {
+    const float y = math::q4_refine_reciprocal(step, approx_reciprocal(step));
+#pragma unroll
+    for (int j = 0; j < kLaneElements; ++j)
+      q[j] =
+          math::q4_quantize_quotient(math::q4_fast_quotient(acc[j], step, y), step, rand16(j), kSR);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kLaneElements; ++j)
+      q[j] = math::q4_quantize_float(acc[j], step, rand16(j), kSR);
+  }
   uint32_t packed = 0;
   const bool finite = math::is_finite_bits(absmax);
 #pragma unroll
   for (int j = 0; j < kLaneElements; ++j) {
-    const uint32_t r16 = (j & 1) ? (r[j >> 1] >> 16) : (r[j >> 1] & 0xFFFFu);
-    const float q = math::q4_quantize_float(acc[j], step, r16, kSR);
-    packed |= math::q4_nibble_of(q) << (4 * j);
+    packed |= math::q4_nibble_of(q[j]) << (4 * j);
     out[j] = kRes == kNoResidual ? 0.0f
-             : finite            ? math::sub_rn(acc[j], math::mul_rn(q, step))
+             : finite            ? math::sub_rn(acc[j], math::mul_rn(q[j], step))
                                  : rin[j];
   }
   const uint64_t code_at = code_bytes_at(a.layout, first);

@@ -22,6 +22,7 @@ struct Emulated {
   std::vector<uint8_t> payload;
   std::vector<int> writes;  // how many times each payload byte was written
   std::vector<float> residual;
+  long lanes = 0, fast_lanes = 0;  // lanes that took the fast quotient
 };
 
 // The encode kernel's work for one lane group: each warp span's lanes, the block absmax reduced
@@ -64,10 +65,22 @@ Emulated emulate_encode(const std::vector<float>& x, const std::vector<float>& r
         m = std::max(m, absmax[o]);
       const float step = math::q4_step_from_absmax_bits(m);
       const math::Philox4 r = math::random_group(key, (first) / 8);
+      // The kernel's choice: the fast quotient (from the reciprocal; the device starts from its
+      // approximation, which the math tests cover) or the division.
+      uint32_t key = 0xFFFFFFFFu;
+      for (int j = 0; j < kLaneElements; ++j)
+        key = std::min(key, math::q4_dividend_key(math::abs_bits(acc[lane][j])));
+      const bool fast = math::q4_fast_step(step) && math::q4_fast_dividends(key);
+      e.fast_lanes += fast;
+      ++e.lanes;
+      const float y = math::q4_refine_reciprocal(step, math::div_rn(1.0f, step));
       uint32_t packed = 0;
       for (int j = 0; j < kLaneElements; ++j) {
+        const uint32_t r16 = math::random16(r, j);
         const float q =
-            math::q4_quantize_float(acc[lane][j], step, math::random16(r, j), stochastic);
+            fast ? math::q4_quantize_quotient(math::q4_fast_quotient(acc[lane][j], step, y), step,
+                                              r16, stochastic)
+                 : math::q4_quantize_float(acc[lane][j], step, r16, stochastic);
         packed |= math::q4_nibble_of(q) << (4 * j);
         if (ef && j < n) {
           const float ri = rin.empty() ? 0.0f : rin[first + j];
@@ -114,6 +127,7 @@ std::vector<float> values_with_edges(int64_t n, uint32_t seed) {
 }
 
 TEST(Q4V2Map, EncodeWritesEveryPayloadByteOnceAndEqualsTheReference) {
+  long lanes = 0, fast_lanes = 0;
   for (int block : {16, 32, 64, 128, 256}) {
     for (int64_t n : kSizes) {
       if (n > 5000 && block != 64) continue;
@@ -124,6 +138,8 @@ TEST(Q4V2Map, EncodeWritesEveryPayloadByteOnceAndEqualsTheReference) {
           const math::RngKey key{0x1234567890ULL, 5, 3, 1, 0};
           Emulated e =
               emulate_encode(v, ef ? rin : std::vector<float>{}, ef, block, stochastic, key);
+          lanes += e.lanes;
+          fast_lanes += e.fast_lanes;
           for (size_t i = 0; i < e.writes.size(); ++i)
             ASSERT_EQ(e.writes[i], 1) << "byte " << i << " n=" << n << " block=" << block;
           HostTensor x = HostTensor::from_floats(DType::kFloat32, v);
@@ -139,6 +155,9 @@ TEST(Q4V2Map, EncodeWritesEveryPayloadByteOnceAndEqualsTheReference) {
       }
     }
   }
+  // Both quotient paths ran: the subnormal block divides, the others take the fast quotient.
+  EXPECT_GT(fast_lanes, lanes / 2);
+  EXPECT_LT(fast_lanes, lanes);
 }
 
 // A mutation the map must catch: the block's lanes reduced over one lane too few.

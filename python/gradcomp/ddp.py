@@ -11,6 +11,7 @@ C++ code:
 """
 
 import os
+import threading
 import warnings
 
 import torch
@@ -337,11 +338,16 @@ class HookState(Hook):
         self._group = _own_group(process_group)
         self._shm_name = _node_transport(self._nodes[0], node_transport)
         self._guarded = False
+        # The native hook is made on first use, which may be a metrics scrape on the server's thread
+        # while backward runs the hook: the lock makes exactly one.
+        self._native_lock = threading.Lock()
         super().__init__(None, Q4() if codec is None else codec)
 
     def _ensure_native(self):
         if self._native is None:
-            self._native = _C.DdpHook(self._group, self._options, *self._nodes, self._shm_name)
+            with self._native_lock:
+                if self._native is None:
+                    self._native = _C.DdpHook(self._group, self._options, *self._nodes, self._shm_name)
         return self._native
 
     def stats(self) -> dict:

@@ -285,7 +285,7 @@ def refuses_another_world_size(rank, world, path):
     ranks: every rank refuses at load, before any collective, saying why; reset_residuals loads it."""
     saved = {}
     for r in range(2):
-        saved.update(torch.load(f"{path}.{r}"))
+        saved.update(torch.load(f"{path}.{r}", weights_only=True))
     model = shard(make_model())
     hook = gt.fsdp(model, gradcomp.Q4(seed=SEED, residual_dtype=torch.bfloat16))
     try:

@@ -83,3 +83,20 @@ def test_the_example_serves_metrics_from_the_first_step_of_a_resumed_run(tmp_pat
 
 def test_concurrent_scrapes_of_a_hook_state_make_one_native_hook():
     assert launch("workers_safety", "one_native_hook_under_concurrent_scrapes", 1)[0] == 1
+
+
+def test_a_scrape_answers_while_fsdp_waits_for_a_stopped_peer():
+    """Issue 34 item 6: the FSDP collective's lock was held across the network wait, and the scrape
+    took it too: a stopped peer stalled every scrape until it came back."""
+    stop = 8.0
+    result = launch("workers_safety", "fsdp_scrape_while_a_peer_stops", 2, _free_port(), stop)[0]
+    assert result["ok"] is True, result
+    assert result["seconds"] < 2.0, f"the scrape waited {result['seconds']:.1f} s behind the collective"
+
+
+def test_ddp_in_a_node_with_diloco_across_nodes_under_torchrun_variables_does_not_hang():
+    """Issue 34 item 12: 4 "nodes" of 2 ranks, DiLoCo over each local rank's group across the nodes with
+    local_world_size left to LOCAL_WORLD_SIZE: the group's 4 ranks were split into 2 "nodes" of ranks
+    on different nodes, each rank enumerating different subgroups (a hang)."""
+    results = launch("workers_safety", "ddp_in_node_diloco_across_nodes", 8, 2, timeout=120)
+    assert results == [(1, True)] * 8, results

@@ -3,9 +3,12 @@
 // rounds, checkpoints and refusals.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gradcomp/cpu.h"
@@ -433,6 +436,33 @@ TEST(OuterSync, ANodeThatDisagreesInsideMakesEveryNodeRaiseTheNamedErrorPromptly
     EXPECT_NE(errors[static_cast<size_t>(r)].find("disagree"), std::string::npos)
         << "rank " << r << ": " << errors[static_cast<size_t>(r)];
   EXPECT_LT(took, timeout / 4) << "ranks waited for a collective instead of raising";
+}
+
+TEST(OuterSync, StatsReadWhileRoundsRunAreNotARace) {
+  // A metrics scrape reads stats() on its own thread while the rounds write them (DiLoCo's step
+  // runs without the GIL): the ThreadSanitizer stage of scripts/test_all.sh checks this one.
+  const int world = 2;
+  Ranks ranks(world, {128, 64});
+  OuterSyncOptions o;
+  o.inner_steps = 1;
+  InProcessGroup group(world);
+  run_ranks(group, [&](int r, Communicator& comm) {
+    auto backend = make_cpu_backend();
+    OuterSync sync(comm, *backend, q4_config(), o, ranks.outer_params(r));
+    std::atomic<bool> done{false};
+    uint64_t seen = 0;
+    std::thread scraper([&] {
+      while (!done.load()) seen = std::max(seen, sync.stats().rounds);
+    });
+    for (uint64_t t = 1; t <= 20; ++t) {
+      ranks.inner_step(r, t);
+      sync.step();
+    }
+    done = true;
+    scraper.join();
+    EXPECT_LE(seen, 20u);
+    EXPECT_EQ(sync.stats().rounds, 20u);
+  });
 }
 
 TEST(OuterSync, RefusesBadOptions) {

@@ -11,6 +11,7 @@ C++ code:
 """
 
 import os
+import threading
 import warnings
 
 import torch
@@ -103,12 +104,15 @@ def node_groups(process_group=None, local_world_size=None):
     """
     group = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
     world = group.size()
+    whole = world == dist.get_world_size()
     if local_world_size is None:  # the launcher's ranks per node (torchrun's or Slurm's)
         try:
             launched = _C.launch_env()["local_world_size"]
         except RuntimeError:  # no launcher's environment: one node
             launched = 1
-        local_world_size = launched if 0 < launched < world else 1
+        # Only the whole job is node-major in the launcher's numbering: a subgroup (DiLoCo across
+        # nodes beside DDP inside them) split by LOCAL_WORLD_SIZE would pair ranks of different nodes.
+        local_world_size = launched if whole and 0 < launched < world else 1
     if isinstance(local_world_size, bool) or not isinstance(local_world_size, int) or local_world_size < 1:
         raise ValueError(f"local_world_size must be a positive number of ranks per node, got {local_world_size!r}")
     if world % local_world_size != 0:
@@ -119,10 +123,28 @@ def node_groups(process_group=None, local_world_size=None):
     ranks = dist.get_process_group_ranks(group)
     nodes = world // local_world_size
     backend = dist.get_backend(group)  # the node groups move what the model's group moves
-    intra, _ = dist.new_subgroups_by_enumeration(
-        [ranks[n * local_world_size:(n + 1) * local_world_size] for n in range(nodes)], backend=backend)
-    inter, _ = dist.new_subgroups_by_enumeration([ranks[l::local_world_size] for l in range(local_world_size)],
-                                                 backend=backend)
+    intra_lists = [ranks[n * local_world_size:(n + 1) * local_world_size] for n in range(nodes)]
+    inter_lists = [ranks[l::local_world_size] for l in range(local_world_size)]
+    if not whole:
+        # Creating a group is a collective of every rank of the job with the same ranks in the same
+        # order; the ranks of other subgroups enumerate other lists, so every rank makes all of them.
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, (intra_lists, inter_lists))
+        me = dist.get_rank()
+        intra = inter = None
+        for kind in (0, 1):
+            made = set()
+            for lists in everyone:
+                for members in lists[kind]:
+                    if tuple(members) in made:
+                        continue
+                    made.add(tuple(members))
+                    g = dist.new_group(members, backend=backend)
+                    if me in members:
+                        intra, inter = (g, inter) if kind == 0 else (intra, g)
+        return intra, inter
+    intra, _ = dist.new_subgroups_by_enumeration(intra_lists, backend=backend)
+    inter, _ = dist.new_subgroups_by_enumeration(inter_lists, backend=backend)
     return intra, inter
 
 
@@ -337,11 +359,16 @@ class HookState(Hook):
         self._group = _own_group(process_group)
         self._shm_name = _node_transport(self._nodes[0], node_transport)
         self._guarded = False
+        # The native hook is made on first use, which may be a metrics scrape on the server's thread
+        # while backward runs the hook: the lock makes exactly one.
+        self._native_lock = threading.Lock()
         super().__init__(None, Q4() if codec is None else codec)
 
     def _ensure_native(self):
         if self._native is None:
-            self._native = _C.DdpHook(self._group, self._options, *self._nodes, self._shm_name)
+            with self._native_lock:
+                if self._native is None:
+                    self._native = _C.DdpHook(self._group, self._options, *self._nodes, self._shm_name)
         return self._native
 
     def stats(self) -> dict:

@@ -1,4 +1,7 @@
 """gradcomp inside the trainers people use, against the real packages (the `integrations` extra): 2 Gloo ranks each."""
+import pathlib
+import re
+
 import pytest
 
 from launcher import launch_env
@@ -28,6 +31,11 @@ def test_lightning_callback(tmp_path):
         assert r["resume_state_step"][0] == r["resume_state_step"][1], r
 
 
+def test_lightning_documented_hook_route_on_cpu_is_an_error_not_a_silent_fp32_run(tmp_path):
+    pytest.importorskip("pytorch_lightning")
+    launch_env("workers_integrations", "lightning_documented_route_on_cpu", 2, str(tmp_path))
+
+
 def test_accelerate_register(tmp_path):
     pytest.importorskip("accelerate")
     for r in launch_env("workers_hf", "accelerate", 2, str(tmp_path), timeout=240):
@@ -39,3 +47,16 @@ def test_transformers_trainer_callback(tmp_path):
     for r in launch_env("workers_hf", "transformers", 2, str(tmp_path), timeout=240):
         _check_run(r)
         assert r["logged"] and all(6.5 < h["gradcomp/ratio"] < 8.5 for h in r["logged"]), r["logged"]
+
+
+@pytest.mark.parametrize("framework", ["pytorch_lightning", "accelerate", "transformers"])
+def test_doc_recipes_run(framework, tmp_path):
+    """docs/integrations.md's recipes are this code: each block runs on 2 Gloo ranks."""
+    pytest.importorskip(framework)
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text()
+    adapter = {"pytorch_lightning": "gradcomp.integrations.lightning import",
+               "accelerate": "gradcomp.integrations import accelerate",
+               "transformers": "gradcomp.integrations.transformers import"}[framework]
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if adapter in b]
+    assert len(blocks) == 1, f"docs/integrations.md should have one {framework} recipe"
+    assert launch_env("workers_integrations", "run_doc_block", 2, blocks[0], str(tmp_path)) == [True, True]

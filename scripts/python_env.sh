@@ -21,4 +21,13 @@ if ! "$venv/bin/python" -c "$check" >/dev/null 2>&1; then
   "$venv/bin/pip" install -q --upgrade pip >&2
   "$venv/bin/pip" install -q "$torch_spec" numpy scikit-learn pytest matplotlib prometheus_client pyyaml kubernetes-validate setuptools wheel >&2
 fi
+# The newest-torch environment also gets the trainers gradcomp.integrations adapts, at pyproject.toml's
+# `integrations` pins (read from there, so the two cannot drift); the oldest-torch one stays without them.
+if [ -z "$torch_version" ]; then
+  pins="$("$venv/bin/python" -c "import tomllib; print(' '.join(tomllib.load(open('$(dirname "$0")/../pyproject.toml', 'rb'))['project']['optional-dependencies']['integrations']))")"
+  if ! "$venv/bin/pip" show -q pytorch-lightning accelerate transformers >/dev/null 2>&1 \
+      || ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(any(m.version(p.split('==')[0]) != p.split('==')[1] for p in sys.argv[1:]))" $pins; then
+    "$venv/bin/pip" install -q $pins >&2
+  fi
+fi
 echo "$venv"

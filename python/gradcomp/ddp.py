@@ -13,9 +13,11 @@ C++ code:
 import os
 import threading
 import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _C
 from ._torch_compat import guard_against_compiled_autograd
@@ -340,32 +342,75 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *
     # Buckets are recorded by parameter position, so a restart can reduce the saved layout.
     native.set_parameters(list(ddp_model.parameters()))
     _C.install_hook(ddp_model.reducer, native)
+    global _hook_at_work
+    _hook_at_work = True
     _guard(ddp_model.parameters())
     return Hook(native, Q4() if codec is None else codec)
 
 
 class HookState(Hook):
-    """State object for the standard route: ``ddp_model.register_comm_hook(state, comm_hook)``."""
+    """State object for the standard route: ``ddp_model.register_comm_hook(state, comm_hook)``.
+
+    It may be built before ``torch.distributed.init_process_group`` (as Lightning's
+    ``DDPStrategy(ddp_comm_state=...)`` and every user of PyTorch's ``PowerSGDState`` build it);
+    it then binds to the process group at its first bucket, or at ``state_dict`` /
+    ``load_state_dict`` if those come first (both called on every rank alike).
+    """
 
     def __init__(self, codec=None, process_group=None, *, optimizer=None, timeout=None,
                  local_world_size=None, node_transport="shm", worker_cpus="auto", _fault=None):
         _check_reducer_kept()
         if optimizer is not None:
             check_optimizer(optimizer, Q4() if codec is None else codec)
+        if node_transport not in ("shm", "group"):
+            raise ValueError(f"node_transport must be 'shm' or 'group', got {node_transport!r}")
         self._options = _options(codec, timeout, _fault, worker_cpus)
-        # Made now, on every rank alike: creating groups later, inside backward, would be a
-        # collective on the autograd thread.
-        self._nodes = node_groups(process_group, local_world_size)
-        self._group = _own_group(process_group)
-        self._shm_name = _node_transport(self._nodes[0], node_transport)
+        self._binding = (process_group, local_world_size, node_transport)
+        self._group = None
         self._guarded = False
         # The native hook is made on first use, which may be a metrics scrape on the server's thread
         # while backward runs the hook: the lock makes exactly one.
         self._native_lock = threading.Lock()
         super().__init__(None, Q4() if codec is None else codec)
+        self._ran = False
+        _expect_hook_by_first_step(self)
+        if process_group is not None or dist.is_initialized():
+            self._bind()  # made now, on the main thread, as before
+
+    def _bind(self, on_cuda=False):
+        """Creates the hook's process groups (collectives over every rank of the default group).
+
+        Called from ``__init__`` when the process group exists, else from the first of: the first
+        bucket (``comm_hook``), ``state_dict``, ``load_state_dict``. The first bucket is a point every
+        rank reaches alike: DDP hands buckets to the hook in index order, so each rank's first call
+        is bucket 0 of its first backward, after the same forward collectives (buffer broadcast)
+        and the same asynchronous unused-parameter allreduce, which were enqueued before it on
+        every rank. While it runs, the thread that called backward is inside backward on every
+        rank (CPU: it is this thread; CUDA: it waits for the device threads), so no other
+        collective or group creation of DDP's or the program's can come between, in a different
+        order on different ranks; group creation counts groups globally, so that order is what
+        must match. ``stats`` and ``metrics_text`` never bind: they are often called on one rank
+        only (a scraper thread, rank 0's logging), and a group made there would hang the job.
+        """
+        if self._group is not None:
+            return
+        if not dist.is_initialized():
+            raise RuntimeError("gradcomp.torch.HookState: the default process group does not exist yet; call "
+                               "torch.distributed.init_process_group (or let the trainer do it) before the first "
+                               "backward, state_dict() or load_state_dict()")
+        process_group, local_world_size, node_transport = self._binding
+        nodes = node_groups(process_group, local_world_size)
+        group = _own_group(process_group)
+        # CUDA buckets always use the intra-node group (NCCL): no shared memory to name.
+        self._shm_name = _node_transport(nodes[0], "group" if on_cuda else node_transport)
+        self._nodes, self._group = nodes, group
 
     def _ensure_native(self):
         if self._native is None:
+            if self._group is None:
+                raise RuntimeError("gradcomp.torch.HookState was built before the process group and has not seen a "
+                                   "bucket yet: its statistics exist from the first backward on (or after "
+                                   "state_dict()/load_state_dict() on every rank)")
             with self._native_lock:
                 if self._native is None:
                     self._native = _C.DdpHook(self._group, self._options, *self._nodes, self._shm_name)
@@ -376,19 +421,54 @@ class HookState(Hook):
         return super().stats()
 
     def state_dict(self) -> dict:
+        self._bind()
         self._ensure_native()
         return super().state_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:
+        self._bind()
         self._ensure_native()
         super().load_state_dict(state_dict)
+
+
+_hook_at_work = False  # some gradcomp DDP hook of this process was registered (register) or ran (comm_hook)
+
+
+def _expect_hook_by_first_step(state: HookState) -> None:
+    """After the first optimizer step of this process, raises if ``state``'s hook has not run: a state
+    built and never handed to DDP (or dropped by a framework) would otherwise train uncompressed, silently."""
+    ref = weakref.ref(state)  # a state the program dropped is not expected to run
+    checked = []
+
+    def check(optimizer, args, kwargs):
+        # Not removed here (PyTorch iterates its hooks while calling them): a no-op after the first step, and
+        # removed when the state goes.
+        state = ref()
+        if checked or state is None:
+            return
+        checked.append(True)
+        # Any gradcomp hook at work in this process passes: with two models, one optimizer may step before the
+        # other model's first backward (a dropped state beside a working one is not caught).
+        if not state._ran and not _hook_at_work:
+            raise RuntimeError(
+                "gradcomp.torch.HookState was made, but by the end of the first optimizer step its hook had not run: "
+                "the gradients were averaged uncompressed (or not at all). Hand it to the DDP model "
+                "(ddp_model.register_comm_hook(state, gradcomp.torch.comm_hook)); PyTorch Lightning's "
+                "DDPStrategy(ddp_comm_hook=...) registers hooks on CUDA only: use "
+                "gradcomp.integrations.lightning.GradcompCallback, which works on CPU and CUDA")
+
+    weakref.finalize(state, register_optimizer_step_post_hook(check).remove)
 
 
 def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: averages ``bucket`` over the ranks with gradcomp, in place."""
     if not isinstance(bucket, dist.GradBucket):  # DDP made under optimize_ddp="python_reducer"
         raise RuntimeError(_REDUCER_NEEDED.format(what='torch._dynamo.config.optimize_ddp="python_reducer"'))
+    if state._group is None:  # built before the process group: binds here (HookState._bind says why it is safe)
+        state._bind(on_cuda=bucket.buffer().is_cuda)
     native = state._ensure_native()
+    global _hook_at_work
+    state._ran = _hook_at_work = True
     if not state._guarded:  # from the first bucket on: the standard route sees no model before
         _guard(bucket.parameters())
         state._guarded = True

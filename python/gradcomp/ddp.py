@@ -354,7 +354,8 @@ class HookState(Hook):
     It may be built before ``torch.distributed.init_process_group`` (as Lightning's
     ``DDPStrategy(ddp_comm_state=...)`` and every user of PyTorch's ``PowerSGDState`` build it);
     it then binds to the process group at its first bucket, or at ``state_dict`` /
-    ``load_state_dict`` if those come first (both called on every rank alike).
+    ``load_state_dict`` if those come first (both called on every rank alike). Until then
+    ``metrics_text`` (a scrape) gives zero-valued metrics and ``stats`` raises; neither binds.
     """
 
     def __init__(self, codec=None, process_group=None, *, optimizer=None, timeout=None,
@@ -371,6 +372,10 @@ class HookState(Hook):
         # The native hook is made on first use, which may be a metrics scrape on the server's thread
         # while backward runs the hook: the lock makes exactly one.
         self._native_lock = threading.Lock()
+        # Binding makes process groups (collectives): the lock makes them once if two threads of this
+        # rank bind at once. It is held across those collectives, so a scrape never takes it (a
+        # scrape of a state not yet bound answers zeros without it; _ensure_native takes the other lock).
+        self._bind_lock = threading.Lock()
         super().__init__(None, Q4() if codec is None else codec)
         self._ran = False
         _expect_hook_by_first_step(self)
@@ -391,19 +396,26 @@ class HookState(Hook):
         order on different ranks; group creation counts groups globally, so that order is what
         must match. ``stats`` and ``metrics_text`` never bind: they are often called on one rank
         only (a scraper thread, rank 0's logging), and a group made there would hang the job.
+        Before binding ``metrics_text`` answers zeros and ``stats`` raises.
         """
         if self._group is not None:
             return
-        if not dist.is_initialized():
-            raise RuntimeError("gradcomp.torch.HookState: the default process group does not exist yet; call "
-                               "torch.distributed.init_process_group (or let the trainer do it) before the first "
-                               "backward, state_dict() or load_state_dict()")
-        process_group, local_world_size, node_transport = self._binding
-        nodes = node_groups(process_group, local_world_size)
-        group = _own_group(process_group)
-        # CUDA buckets always use the intra-node group (NCCL): no shared memory to name.
-        self._shm_name = _node_transport(nodes[0], "group" if on_cuda else node_transport)
-        self._nodes, self._group = nodes, group
+        with self._bind_lock:
+            if self._group is not None:  # another thread of this rank bound it meanwhile
+                return
+            if not dist.is_initialized():
+                raise RuntimeError("gradcomp.torch.HookState: the default process group does not exist yet; call "
+                                   "torch.distributed.init_process_group (or let the trainer do it) before the "
+                                   "first backward, state_dict() or load_state_dict()")
+            process_group, local_world_size, node_transport = self._binding
+            nodes = node_groups(process_group, local_world_size)
+            group = _own_group(process_group)
+            # CUDA buckets always use the intra-node group (NCCL): no shared memory to name.
+            self._shm_name = _node_transport(nodes[0], "group" if on_cuda else node_transport)
+            self._nodes = nodes
+            # Last: a scrape reads _group without a lock, and from a bound state makes the native hook
+            # from _nodes and _shm_name.
+            self._group = group
 
     def _ensure_native(self):
         if self._native is None:
@@ -419,6 +431,15 @@ class HookState(Hook):
     def stats(self) -> dict:
         self._ensure_native()
         return super().stats()
+
+    def metrics_text(self) -> str:
+        """As ``Hook.metrics_text``; before the state is bound (built before the process group, no
+        bucket yet) the same metrics, all zero. A scrape never binds: it runs on a server's thread, on
+        one rank or at its own time, and binding is a collective of every rank (``_bind``)."""
+        if self._group is None:
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            return _C.zero_metrics_text(rank, _codec_name(self.codec), "ddp")
+        return super().metrics_text()
 
     def state_dict(self) -> dict:
         self._bind()

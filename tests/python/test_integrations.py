@@ -11,6 +11,10 @@ def test_hookstate_made_before_the_process_group_matches_register():
     assert launch_env("workers_integrations", "hookstate_before_init", 2) == [True, True]
 
 
+def test_a_hookstate_made_before_the_process_group_binds_once_under_concurrent_callers():
+    assert launch_env("workers_integrations", "hookstate_binds_once_under_concurrent_callers", 2) == [1, 1]
+
+
 def test_a_hookstate_never_handed_to_ddp_is_an_error_at_the_first_step():
     for message in launch_env("workers_integrations", "hookstate_never_handed_to_ddp", 2):
         assert "its hook had not run" in message and "register_comm_hook" in message, message

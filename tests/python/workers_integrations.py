@@ -34,11 +34,32 @@ def accuracy(model, x, y) -> float:
         return (model(x).argmax(1) == y).float().mean().item()
 
 
+def _samples(text):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
 def hookstate_before_init(rank, world):
-    """HookState built before init_process_group, then DDP + register_comm_hook: bit-equal to register()."""
+    """HookState built before init_process_group, then DDP + register_comm_hook: bit-equal to register().
+    Scrapes before its first bucket answer zeros and do not bind: one before the process group, and one on
+    rank 0 only from another thread once the group exists (a group made there would hang the job)."""
+    import threading
+
     state = gt.HookState(gradcomp.Q4(seed=5))
     assert not dist.is_initialized()
+    early = _samples(state.metrics_text())
+    assert early and not any(early.values()), early
+    assert state._group is None, "a scrape bound the state"
     dist.init_process_group("gloo")
+    if rank == 0:
+        scraped = []
+        scraper = threading.Thread(target=lambda: scraped.append(state.metrics_text()))
+        scraper.start()
+        scraper.join(timeout=30)
+        assert scraped and _samples(scraped[0]) == early, scraped
+    assert state._group is None, "a scrape bound the state"
     results = []
     for route in ("standard", "register"):
         torch.manual_seed(0)
@@ -53,9 +74,47 @@ def hookstate_before_init(rank, world):
             opt.step()
             opt.zero_grad()
         assert hook.stats()["total"]["steps"] == 4, hook.stats()
+        if route == "standard":  # the zeros were the bound hook's metrics, same names and labels
+            trained = _samples(state.metrics_text())
+            shape = lambda samples: {(name, tuple(k for k, _ in labels)) for name, labels in samples}  # noqa: E731
+            assert shape(trained) == shape(early), (trained, early)
+            assert [v for (name, _), v in trained.items() if name == "gradcomp_steps_total"] == [4], trained
         results.append([p.detach().clone() for p in ddp.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*results)), "HookState made before the group differs from register()"
     return True
+
+
+def hookstate_binds_once_under_concurrent_callers(rank, world):
+    """Two threads of each rank call state_dict() on a state built before the process group, at once; the
+    group creation is slowed so that both would pass an unguarded "is it bound yet" check. Returns how many
+    times the node groups were made (each time is a collective: twice would break every later group)."""
+    import threading
+    import time
+
+    from gradcomp import ddp
+
+    state = gt.HookState(gradcomp.Q4())
+    dist.init_process_group("gloo")
+    made = []
+    real = ddp.node_groups
+
+    def slow(*args, **kwargs):
+        made.append(1)
+        time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    ddp.node_groups = slow
+    try:
+        states = []
+        threads = [threading.Thread(target=lambda: states.append(state.state_dict())) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        ddp.node_groups = real
+    assert len(states) == 2, states
+    return len(made)
 
 
 def hookstate_never_handed_to_ddp(rank, world):

@@ -38,5 +38,5 @@ setup(
     ext_modules=[CMakeExtension("gradcomp._C")],
     cmdclass={"build_ext": CMakeBuild},
     package_dir={"": "python"},
-    packages=["gradcomp"],
+    packages=["gradcomp", "gradcomp.integrations"],
 )

@@ -26,6 +26,13 @@ compute-sanitizer --tool memcheck --error-exitcode 3 ./build-gpu/tests/gradcomp_
   --gtest_filter='-*Nccl*' > "$out/memcheck.log" 2>&1 && echo "memcheck: clean" || { echo "memcheck: FAILED"; status=1; }
 compute-sanitizer --tool racecheck --error-exitcode 3 ./build-gpu/tests/gradcomp_gpu_tests \
   --gtest_filter='GpuTopK.*:GpuQ4.Fused*:GpuQ4.BothGenerationsSeal*:GpuQ4.V2*' > "$out/racecheck.log" 2>&1 && echo "racecheck: clean" || { echo "racecheck: FAILED"; status=1; }
+# ---- issue 34 (FSDP/DiLoCo review): the CUDA reduce-scatter's rejection contract (item 5) by name;
+# DiLoCo's broadcast-before-anchors ordering (item 4) is checked by `test_diloco.py -k cuda` below,
+# whose ranks start from different seeds.
+./build-gpu/tests/gradcomp_gpu_tests --gtest_filter='GpuReduceScatter.*' > "$out/issue34.log" 2>&1 &&
+  grep -q '\[  PASSED  \] 1 test' "$out/issue34.log" && echo "issue 34 reduce-scatter rejection: ok" ||
+  { echo "issue 34 reduce-scatter rejection: FAILED"; tail -20 "$out/issue34.log"; status=1; }
+# ---- end of issue 34's block
 echo "tests: $(( $(date +%s) - t0 )) s"
 
 # The DDP hook and GradSync on the GPU: the torch layer built against the machine's torch (2.7 or

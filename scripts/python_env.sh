@@ -33,4 +33,13 @@ disasm_version="13.5.37"
 if ! "$venv/bin/python" -c "import importlib.metadata as m; assert m.version('nvidia-cuda-cuobjdump') == '$disasm_version' and m.version('nvidia-cuda-nvdisasm') == '$disasm_version'" >/dev/null 2>&1; then
   "$venv/bin/pip" install -q "nvidia-cuda-cuobjdump==$disasm_version" "nvidia-cuda-nvdisasm==$disasm_version" >&2
 fi
+# The newest-torch environment also gets the trainers gradcomp.integrations adapts, at pyproject.toml's
+# `integrations` pins (read from there, so the two cannot drift); the oldest-torch one stays without them.
+if [ -z "$torch_version" ]; then
+  pins="$("$venv/bin/python" -c "import tomllib; print(' '.join(tomllib.load(open('$(dirname "$0")/../pyproject.toml', 'rb'))['project']['optional-dependencies']['integrations']))")"
+  if ! "$venv/bin/pip" show -q pytorch-lightning accelerate transformers >/dev/null 2>&1 \
+      || ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(any(m.version(p.split('==')[0]) != p.split('==')[1] for p in sys.argv[1:]))" $pins; then
+    "$venv/bin/pip" install -q $pins >&2
+  fi
+fi
 echo "$venv"

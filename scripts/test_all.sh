@@ -35,6 +35,20 @@ cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGRADCOMP_WITH_C
 cmake --build build-sanitize -j "$jobs"
 ctest --test-dir build-sanitize --output-on-failure -j "$jobs"
 
+step "ThreadSanitizer build of the host code and the multi-threaded tests (engine worker, in-process ranks, DiLoCo stats)"
+tsan_start=$SECONDS
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRADCOMP_WITH_CUDA=OFF \
+  -DGRADCOMP_SANITIZE_THREAD=ON -DGRADCOMP_BUILD_BENCHMARKS=OFF
+cmake --build build-tsan -j "$jobs" --target gradcomp_engine_tests gradcomp_collective_tests
+# halt_on_error: a race fails the stage rather than scrolling past. Only the suites clean so far:
+# TSan also reports races in other engine and collective tests (a std::vector<bool> the rank threads
+# of the collective tests write, an exception_ptr in the bucket engine's error path): open work.
+export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
+./build-tsan/tests/gradcomp_engine_tests --gtest_filter='MetricsText.*:EngineCounters.*'
+./build-tsan/tests/gradcomp_collective_tests --gtest_filter='OuterSync.*'
+unset TSAN_OPTIONS
+echo "ThreadSanitizer stage: $((SECONDS - tsan_start)) s"
+
 step "libFuzzer: payload decoders for ${fuzz_seconds}s"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DGRADCOMP_WITH_CUDA=OFF -DGRADCOMP_BUILD_TESTS=OFF -DGRADCOMP_BUILD_BENCHMARKS=OFF -DGRADCOMP_BUILD_FUZZERS=ON

@@ -171,6 +171,12 @@ struct DiLoCo::Impl {
       o.stream = c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, *stream_).stream();
       o.kernels = kernels_;
       backend_ = cuda::make_cuda_backend(o);
+      // The broadcast above is ordered on the current stream only (NCCL's wait() does not block
+      // the host), and OuterSync reads the anchors on this stream: without the event, ranks other
+      // than 0 could take their own initial weights as anchors and diverge for good.
+      torch_ext::compat::CudaEvent broadcast_done;
+      broadcast_done.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+      broadcast_done.block(c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, *stream_));
     }
 #endif
     GRADCOMP_CHECK(backend_,

@@ -69,6 +69,7 @@ bool FsdpCollective::counted(const at::Tensor& t, uint64_t uncompressed,
   try {
     finite = run();
   } catch (const Error& e) {
+    std::lock_guard<std::mutex> stats_lock(stats_mu_);
     d.failed_buckets = 1;
     d.failed_steps = step_.failed_buckets == 0 ? 1 : 0;  // one per step, not per module
     d.rejected_payloads = dynamic_cast<const PayloadError*>(&e) != nullptr ? 1 : 0;
@@ -79,6 +80,8 @@ bool FsdpCollective::counted(const at::Tensor& t, uint64_t uncompressed,
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const uint32_t this_step = step();
+  const uint64_t residuals = residual_memory();
+  std::lock_guard<std::mutex> stats_lock(stats_mu_);
   if (this_step != stats_step_ || total_.steps == 0) {
     step_ = ReductionStats{};
     d.steps = 1;
@@ -94,17 +97,17 @@ bool FsdpCollective::counted(const at::Tensor& t, uint64_t uncompressed,
   d.observe_latency(seconds);
   total_.add(d);
   step_.add(d);
-  total_.residual_bytes = step_.residual_bytes = residual_memory();  // a gauge: the latest value
+  total_.residual_bytes = step_.residual_bytes = residuals;  // a gauge: the latest value
   return finite;
 }
 
 ReductionStats FsdpCollective::total_stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(stats_mu_);
   return total_;
 }
 
 ReductionStats FsdpCollective::step_stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(stats_mu_);
   return step_;
 }
 
@@ -126,6 +129,7 @@ void FsdpCollective::load_state(const CompressionState& state) {
   } else {
     pending_ = state;
   }
+  std::lock_guard<std::mutex> stats_lock(stats_mu_);
   step_ = ReductionStats{};
 }
 

@@ -53,7 +53,10 @@ class FsdpCollective {
   void bind(const at::Tensor& t);
 
   std::chrono::milliseconds timeout_;
-  mutable std::mutex mu_;
+  mutable std::mutex mu_;  // the collective and its state: held across the network wait
+  // The counters alone, so that a metrics scrape never waits behind a collective (a slow or dead
+  // peer would otherwise stall every scrape until the group's timeout).
+  mutable std::mutex stats_mu_;
   std::optional<at::Device> device_;
   const void* stream_ = nullptr;
   std::unique_ptr<ProcessGroupCommunicator> comm_;

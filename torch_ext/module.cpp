@@ -468,6 +468,15 @@ PYBIND11_MODULE(_C, m) {
         return gradcomp::prometheus_text(total, gradcomp::metric_labels(rank, codec, "fsdp"));
       },
       py::arg("collectives"), py::arg("rank"), py::arg("codec"));
+  // A front end's counters before it has anything to count (a HookState not yet bound to its
+  // process group): the same names and labels, every value zero, with no hook to read.
+  m.def(
+      "zero_metrics_text",
+      [](int rank, const std::string& codec, const std::string& front_end) {
+        return gradcomp::prometheus_text(gradcomp::ReductionStats{},
+                                         gradcomp::metric_labels(rank, codec, front_end));
+      },
+      py::arg("rank"), py::arg("codec"), py::arg("front_end"));
   m.def("adaptive_optimizer_warning", [](const py::dict& options) {
     return gradcomp::adaptive_optimizer_warning(parse_codec(options));
   });

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <vector>
 
 #include "cpu_codec_util.h"
@@ -216,13 +217,18 @@ void topk_decode(const TopKDecodeParams& p) {
   for (int w = 0; w < p.num_payloads; ++w) {
     const PayloadHeader h = format::read_header(p.payloads[w]);
     const uint32_t* idx = reinterpret_cast<const uint32_t*>(p.payloads[w] + kPayloadHeaderBytes);
+    // Bad indices under a good checksum are a sender's bytes all the same: a PayloadError, so that
+    // rejected_payloads counts them as on the CUDA path.
     for (uint64_t e = 0; e < h.count; ++e) {
-      GRADCOMP_CHECK(idx[e] < static_cast<uint64_t>(p.numel),
-                     "top-k decode: payload " << w << " entry " << e << " has index " << idx[e]
-                                              << " outside [0, " << p.numel << ")");
-      GRADCOMP_CHECK(e == 0 || idx[e] > idx[e - 1],
-                     "top-k decode: payload " << w << " entry " << e
-                                              << " breaks the strictly increasing index order");
+      const bool in_range = idx[e] < static_cast<uint64_t>(p.numel);
+      if (in_range && (e == 0 || idx[e] > idx[e - 1])) continue;
+      std::ostringstream m;
+      m << "top-k decode: payload " << w << " (from rank " << w << ") rejected: entry " << e;
+      if (!in_range)
+        m << " has index " << idx[e] << " outside [0, " << p.numel << ")";
+      else
+        m << " breaks the strictly increasing index order";
+      throw PayloadError(m.str());
     }
   }
   // An element no payload selected is 0 / divisor, so the output is filled with that and only

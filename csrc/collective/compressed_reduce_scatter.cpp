@@ -3,10 +3,13 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "backend_buffer.h"
 #include "codec_params.h"
+#include "gradcomp/cpu.h"
 #include "gradcomp/format.h"
 #include "gradcomp/reduce_scatter.h"
 #include "layout_check.h"
@@ -250,18 +253,52 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
     d.workspace = b.workspace.get();
     backend_.topk_decode(d);
   }
-  ResidualPair pair;
-  int pairs = 0;
-  if (config_.error_feedback) {
-    pair.candidate = b.residual[b.current ^ 1].get();
-    pair.committed = b.residual[b.current].get();
-    pair.bytes = b.residual[0].bytes();
-    pairs = 1;
+  // The verdict on the payloads comes before anything advances (reduce_scatter.h's contract: a
+  // rejected payload leaves output and residual as they were). On CUDA this is the host wait that
+  // reads the decode's status; the candidates' residual is adopted only for a finite result (the
+  // committed one stays otherwise), and the round counts only once the payloads passed.
+  bool nonfinite = false;
+  try {
+    nonfinite = backend_.take_decode_status();
+  } catch (const PayloadError& e) {
+    throw PayloadError(rejection_naming_rank(b, e.what()));
   }
-  backend_.end_bucket(&pair, pairs);
-  if (config_.error_feedback) b.current ^= 1;
+  if (config_.error_feedback && !nonfinite) b.current ^= 1;
   rounds_.done(r.bucket_id);
-  return backend_.take_nonfinite_buckets() == 0;
+  return !nonfinite;
+}
+
+std::string CompressedReduceScatter::rejection_naming_rank(const Bucket& b,
+                                                           const std::string& device_message) {
+  // The device only says that a payload failed: the host checks the received bytes again to name
+  // the sender.
+  const int world = comm_.world_size();
+  std::vector<uint8_t> recv(b.slot_bytes * static_cast<size_t>(world));
+  backend_.copy_to_host(recv.data(), b.recv.get(), recv.size());
+  std::vector<const uint8_t*> from(static_cast<size_t>(world));
+  for (int w = 0; w < world; ++w) from[static_cast<size_t>(w)] = recv.data() + b.slot_bytes * w;
+  const std::vector<int64_t> sizes(static_cast<size_t>(world), b.shard);
+  PayloadCheckParams check;
+  if (config_.codec == Codec::kQ4) {
+    check = detail::q4_check_params(from.data(), world, b.slot_bytes, sizes.data(), config_.q4);
+  } else {
+    check.payloads = from.data();
+    check.num_payloads = world;
+    check.payload_bytes = b.slot_bytes;
+    check.numel = sizes.data();
+    check.codec = format::kCodecTopK;
+    check.param = static_cast<uint32_t>(topk_capacity(b.shard, config_.topk));
+    check.value_dtype = static_cast<uint8_t>(config_.topk.value_dtype);
+  }
+  std::ostringstream m;
+  m << "reduce-scatter bucket " << b.id << " on rank " << comm_.rank() << ": ";
+  try {
+    make_cpu_backend(1)->check_payloads(check);
+    m << device_message << " (from a rank whose header and checksum pass the host's checks)";
+  } catch (const PayloadError& e) {
+    m << e.what();  // names the payload and its sending rank
+  }
+  return m.str();
 }
 
 uint32_t CompressedReduceScatter::next_step() const {

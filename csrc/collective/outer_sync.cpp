@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <sstream>
+#include <string>
 #include <utility>
 
 #include "backend_buffer.h"
@@ -40,6 +42,7 @@ OuterSync::OuterSync(Communicator& comm, Backend& backend, const CompressionConf
   allreduce_ = std::make_unique<CompressedAllreduce>(comm, backend, config);
   world_ = comm.world_size();
   agreement_ = {{&comm, "the group"}};
+  comms_ = {&comm};
   init(std::move(params));
 }
 
@@ -53,6 +56,7 @@ OuterSync::OuterSync(NodeGroups groups, Backend& backend, const CompressionConfi
   world_ = groups.intra_node->world_size() * groups.inter_node->world_size();
   agreement_ = {{groups.intra_node, "this node"}, {groups.inter_node, "the group across nodes"}};
   nodes_ = groups.inter_node->world_size();
+  comms_ = {groups.intra_node, groups.inter_node};
   init(std::move(params));
 }
 
@@ -116,9 +120,17 @@ bool OuterSync::due(uint32_t fragment, uint64_t t) const {
   return t >= 1 && t % h == offset;
 }
 
+OuterSyncStats OuterSync::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
 int OuterSync::step() {
   ++inner_step_;
-  ++stats_.inner_steps;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.inner_steps;
+  }
   int synced = 0;
   for (uint32_t f = 0; f < fragments_.size(); ++f) {
     if (!due(f, inner_step_)) continue;
@@ -168,9 +180,20 @@ void OuterSync::agree(uint32_t fragment) {
   struct Position {
     uint64_t inner_step;
     uint32_t fragment, round, inner_steps, fragments;
+    uint32_t unused;  // no padding of indeterminate bytes on the wire
+    // Set by a rank that found a disagreement at an earlier level (inside its node): it still
+    // takes part in the next levels' allgathers, so that every node learns of it and raises
+    // instead of waiting out the timeout for ranks that already left.
+    uint64_t disagreed;
   };
-  const Position mine{inner_step_, fragment, fragments_[fragment].round, options_.inner_steps,
-                      static_cast<uint32_t>(fragments_.size())};
+  Position mine{inner_step_,
+                fragment,
+                fragments_[fragment].round,
+                options_.inner_steps,
+                static_cast<uint32_t>(fragments_.size()),
+                0,
+                0};
+  std::string error;
   for (const auto& [comm, name] : agreement_) {
     const int world = comm->world_size();
     if (world == 1) continue;
@@ -180,26 +203,40 @@ void OuterSync::agree(uint32_t fragment) {
     backend_.copy_from_host(send.get(), &mine, sizeof(Position));
     comm->all_gather(send.get(), recv.get(), sizeof(Position));
     backend_.copy_to_host(all.data(), recv.get(), sizeof(Position) * all.size());
-    for (int w = 0; w < world; ++w) {
+    for (int w = 0; w < world && error.empty(); ++w) {
       const Position& o = all[static_cast<size_t>(w)];
-      GRADCOMP_CHECK(
-          std::memcmp(&o, &mine, sizeof(Position)) == 0,
-          "DiLoCo: ranks disagree before a sync: this rank (rank "
-              << comm->rank() << " of " << name << ") is at inner step " << mine.inner_step
-              << ", fragment " << mine.fragment << " round " << mine.round << " (H "
-              << mine.inner_steps << ", " << mine.fragments << " fragments); rank " << w
-              << " at inner step " << o.inner_step << ", fragment " << o.fragment << " round "
-              << o.round << " (H " << o.inner_steps << ", " << o.fragments
-              << " fragments). Every rank must run with the same H and fragments and resume from "
-                 "the same round");
+      std::ostringstream m;
+      if (o.disagreed != 0) {
+        m << "DiLoCo: ranks disagree before a sync: rank " << w << " of " << name
+          << " found ranks of its node at different positions (its error names them); this rank "
+          << "(rank " << comm->rank() << " of " << name << ") is at inner step " << mine.inner_step
+          << ", fragment " << mine.fragment << " round " << mine.round;
+      } else if (o.inner_step != mine.inner_step || o.fragment != mine.fragment ||
+                 o.round != mine.round || o.inner_steps != mine.inner_steps ||
+                 o.fragments != mine.fragments) {
+        m << "DiLoCo: ranks disagree before a sync: this rank (rank " << comm->rank() << " of "
+          << name << ") is at inner step " << mine.inner_step << ", fragment " << mine.fragment
+          << " round " << mine.round << " (H " << mine.inner_steps << ", " << mine.fragments
+          << " fragments); rank " << w << " at inner step " << o.inner_step << ", fragment "
+          << o.fragment << " round " << o.round << " (H " << o.inner_steps << ", " << o.fragments
+          << " fragments). Every rank must run with the same H and fragments and resume from "
+             "the same round";
+      }
+      error = m.str();
     }
+    if (!error.empty()) mine.disagreed = 1;
   }
+  GRADCOMP_CHECK(error.empty(), error);
 }
 
 void OuterSync::sync_fragment(uint32_t index) {
   GRADCOMP_CHECK(index < fragments_.size(),
                  "DiLoCo fragment " << index << " of " << fragments_.size());
   const auto start = std::chrono::steady_clock::now();
+  // Bytes are counted where they are sent: by the communicators, around everything this sync puts
+  // on the wire (the agreement and the allreduce).
+  uint64_t sent_before = 0;
+  for (const Communicator* c : comms_) sent_before += c->bytes_sent();
   agree(index);
   Fragment& f = fragments_[index];
   const size_t n = static_cast<size_t>(f.numel);
@@ -214,24 +251,27 @@ void OuterSync::sync_fragment(uint32_t index) {
   allreduce_->set_step(f.round);
   const Segment segment{buffer, 0, f.numel};
   const bool finite = allreduce_->allreduce(&segment, 1, DType::kFloat32, index);
-  stats_.bytes_sent +=
-      nodes_ > 0
-          ? inter_node_bytes_sent(allreduce_->config(), f.numel, nodes_, world_ / nodes_, f.round) +
-                intra_node_bytes_sent(f.numel, DType::kFloat32, world_ / nodes_, backend_.is_cuda())
-          : compressed_allreduce_bytes_sent(allreduce_->config(), f.numel, world_, f.round);
-  stats_.uncompressed_bytes += ring_allreduce_bytes(f.numel, DType::kFloat32, world_);
-  ++stats_.rounds;
+  uint64_t sent_after = 0;
+  for (const Communicator* c : comms_) sent_after += c->bytes_sent();
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.bytes_sent += sent_after - sent_before;
+    stats_.uncompressed_bytes += ring_allreduce_bytes(f.numel, DType::kFloat32, world_);
+    ++stats_.rounds;
+    if (!finite) ++stats_.nonfinite_rounds;
+  }
   if (finite) {
     if (backend_.is_cuda()) backend_.copy_to_host(g, buffer, n * sizeof(float));
     for (size_t e = 0; e < n; ++e)
       f.anchor[e] = math::outer_sgd(f.anchor[e], g[e], &f.momentum[e], options_.outer_lr,
                                     options_.outer_momentum, options_.nesterov);
     ++f.round;
-  } else {
-    ++stats_.nonfinite_rounds;
   }
   write_params(f, f.anchor);
-  stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.seconds += seconds;
 }
 
 OuterSyncState OuterSync::state() const {

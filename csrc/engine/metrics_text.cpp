@@ -1,13 +1,16 @@
 // A rank's counters in Prometheus's text format, and the atomic file write of the textfile
 // collector.
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 
@@ -139,17 +142,69 @@ std::string prometheus_text(const ReductionStats& s, const MetricLabels& labels)
   return e.text();
 }
 
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    GRADCOMP_CHECK(f.good(), "cannot write metrics to " << tmp << ": " << std::strerror(errno));
-    f << text;
-    f.flush();
-    GRADCOMP_CHECK(f.good(), "cannot write metrics to " << tmp << ": " << std::strerror(errno));
+namespace {
+
+// Closes a descriptor and, unless released, removes the temporary it wrote.
+struct TempFile {
+  int fd = -1;
+  std::string path;
+  bool keep = false;
+  ~TempFile() {
+    if (fd >= 0) ::close(fd);
+    if (!keep && !path.empty()) ::unlink(path.c_str());
   }
-  GRADCOMP_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0,
-                 "cannot move " << tmp << " to " << path << ": " << std::strerror(errno));
+};
+
+}  // namespace
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const size_t slash = path.rfind('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  // A name of this call's own in the same directory (rename needs the same file system), created
+  // exclusively and without following links: two writers never share a temporary, and a file or
+  // link planted at a predictable name is refused instead of written through.
+  static std::atomic<uint64_t> counter{0};
+  TempFile tmp;
+  for (int attempt = 0; tmp.fd < 0; ++attempt) {
+    std::random_device rd;
+    std::ostringstream name;
+    name << path << ".tmp." << ::getpid() << '.' << counter.fetch_add(1) << '.' << std::hex
+         << ((uint64_t{rd()} << 32) | rd());
+    const int fd =
+        ::open(name.str().c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      tmp.fd = fd;
+      tmp.path = name.str();
+    } else {
+      GRADCOMP_CHECK(errno == EEXIST && attempt < 16, "cannot write metrics to "
+                                                          << path << " (" << name.str()
+                                                          << "): " << std::strerror(errno));
+    }
+  }
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(tmp.fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    GRADCOMP_CHECK(n > 0, "cannot write metrics to " << tmp.path << ": " << std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+  // Data on disk before the name points at it: a crash leaves the old file or the new one.
+  GRADCOMP_CHECK(::fsync(tmp.fd) == 0,
+                 "cannot sync metrics file " << tmp.path << ": " << std::strerror(errno));
+  ::close(tmp.fd);
+  tmp.fd = -1;
+  GRADCOMP_CHECK(std::rename(tmp.path.c_str(), path.c_str()) == 0,
+                 "cannot move " << tmp.path << " to " << path << ": " << std::strerror(errno));
+  tmp.keep = true;
+  // The rename itself lasts once the directory is synced.
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  GRADCOMP_CHECK(dfd >= 0,
+                 "cannot open directory " << dir << " of " << path << ": " << std::strerror(errno));
+  const int synced = ::fsync(dfd);
+  const int err = errno;
+  ::close(dfd);
+  GRADCOMP_CHECK(synced == 0,
+                 "cannot sync directory " << dir << " of " << path << ": " << std::strerror(err));
 }
 
 }  // namespace gradcomp

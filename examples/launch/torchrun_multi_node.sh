@@ -13,4 +13,5 @@ export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 exec "${PYTHON:-python3}" -m torch.distributed.run --nnodes "${NNODES:-2}" --nproc-per-node "${NPROC:-8}" \
   --rdzv-backend c10d --rdzv-endpoint "$HEAD:${RDZV_PORT:-29400}" --rdzv-id "${JOB_ID:-gradcomp}" \
   --max-restarts "${MAX_RESTARTS:-3}" \
-  "${SCRIPT:-$here/../ddp_train.py}" --metrics-port "${METRICS_PORT:-9400}" "$@"
+  "${SCRIPT:-$here/../ddp_train.py}" --metrics-port "${METRICS_PORT:-9400}" \
+  --metrics-addr "${METRICS_ADDR:-127.0.0.1}" "$@"  # METRICS_ADDR=0.0.0.0 for a scraper on another host

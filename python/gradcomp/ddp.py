@@ -11,10 +11,13 @@ C++ code:
 """
 
 import os
+import threading
 import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _C
 from ._torch_compat import guard_against_compiled_autograd
@@ -103,12 +106,15 @@ def node_groups(process_group=None, local_world_size=None):
     """
     group = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
     world = group.size()
+    whole = world == dist.get_world_size()
     if local_world_size is None:  # the launcher's ranks per node (torchrun's or Slurm's)
         try:
             launched = _C.launch_env()["local_world_size"]
         except RuntimeError:  # no launcher's environment: one node
             launched = 1
-        local_world_size = launched if 0 < launched < world else 1
+        # Only the whole job is node-major in the launcher's numbering: a subgroup (DiLoCo across
+        # nodes beside DDP inside them) split by LOCAL_WORLD_SIZE would pair ranks of different nodes.
+        local_world_size = launched if whole and 0 < launched < world else 1
     if isinstance(local_world_size, bool) or not isinstance(local_world_size, int) or local_world_size < 1:
         raise ValueError(f"local_world_size must be a positive number of ranks per node, got {local_world_size!r}")
     if world % local_world_size != 0:
@@ -119,10 +125,28 @@ def node_groups(process_group=None, local_world_size=None):
     ranks = dist.get_process_group_ranks(group)
     nodes = world // local_world_size
     backend = dist.get_backend(group)  # the node groups move what the model's group moves
-    intra, _ = dist.new_subgroups_by_enumeration(
-        [ranks[n * local_world_size:(n + 1) * local_world_size] for n in range(nodes)], backend=backend)
-    inter, _ = dist.new_subgroups_by_enumeration([ranks[l::local_world_size] for l in range(local_world_size)],
-                                                 backend=backend)
+    intra_lists = [ranks[n * local_world_size:(n + 1) * local_world_size] for n in range(nodes)]
+    inter_lists = [ranks[l::local_world_size] for l in range(local_world_size)]
+    if not whole:
+        # Creating a group is a collective of every rank of the job with the same ranks in the same
+        # order; the ranks of other subgroups enumerate other lists, so every rank makes all of them.
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, (intra_lists, inter_lists))
+        me = dist.get_rank()
+        intra = inter = None
+        for kind in (0, 1):
+            made = set()
+            for lists in everyone:
+                for members in lists[kind]:
+                    if tuple(members) in made:
+                        continue
+                    made.add(tuple(members))
+                    g = dist.new_group(members, backend=backend)
+                    if me in members:
+                        intra, inter = (g, inter) if kind == 0 else (intra, g)
+        return intra, inter
+    intra, _ = dist.new_subgroups_by_enumeration(intra_lists, backend=backend)
+    inter, _ = dist.new_subgroups_by_enumeration(inter_lists, backend=backend)
     return intra, inter
 
 
@@ -318,50 +342,154 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec=None, *
     # Buckets are recorded by parameter position, so a restart can reduce the saved layout.
     native.set_parameters(list(ddp_model.parameters()))
     _C.install_hook(ddp_model.reducer, native)
+    global _hook_at_work
+    _hook_at_work = True
     _guard(ddp_model.parameters())
     return Hook(native, Q4() if codec is None else codec)
 
 
 class HookState(Hook):
-    """State object for the standard route: ``ddp_model.register_comm_hook(state, comm_hook)``."""
+    """State object for the standard route: ``ddp_model.register_comm_hook(state, comm_hook)``.
+
+    It may be built before ``torch.distributed.init_process_group`` (as Lightning's
+    ``DDPStrategy(ddp_comm_state=...)`` and every user of PyTorch's ``PowerSGDState`` build it);
+    it then binds to the process group at its first bucket, or at ``state_dict`` /
+    ``load_state_dict`` if those come first (both called on every rank alike). Until then
+    ``metrics_text`` (a scrape) gives zero-valued metrics and ``stats`` raises; neither binds.
+    """
 
     def __init__(self, codec=None, process_group=None, *, optimizer=None, timeout=None,
                  local_world_size=None, node_transport="shm", worker_cpus="auto", _fault=None):
         _check_reducer_kept()
         if optimizer is not None:
             check_optimizer(optimizer, Q4() if codec is None else codec)
+        if node_transport not in ("shm", "group"):
+            raise ValueError(f"node_transport must be 'shm' or 'group', got {node_transport!r}")
         self._options = _options(codec, timeout, _fault, worker_cpus)
-        # Made now, on every rank alike: creating groups later, inside backward, would be a
-        # collective on the autograd thread.
-        self._nodes = node_groups(process_group, local_world_size)
-        self._group = _own_group(process_group)
-        self._shm_name = _node_transport(self._nodes[0], node_transport)
+        self._binding = (process_group, local_world_size, node_transport)
+        self._group = None
         self._guarded = False
+        # The native hook is made on first use, which may be a metrics scrape on the server's thread
+        # while backward runs the hook: the lock makes exactly one.
+        self._native_lock = threading.Lock()
+        # Binding makes process groups (collectives): the lock makes them once if two threads of this
+        # rank bind at once. It is held across those collectives, so a scrape never takes it (a
+        # scrape of a state not yet bound answers zeros without it; _ensure_native takes the other lock).
+        self._bind_lock = threading.Lock()
         super().__init__(None, Q4() if codec is None else codec)
+        self._ran = False
+        _expect_hook_by_first_step(self)
+        if process_group is not None or dist.is_initialized():
+            self._bind()  # made now, on the main thread, as before
+
+    def _bind(self, on_cuda=False):
+        """Creates the hook's process groups (collectives over every rank of the default group).
+
+        Called from ``__init__`` when the process group exists, else from the first of: the first
+        bucket (``comm_hook``), ``state_dict``, ``load_state_dict``. The first bucket is a point every
+        rank reaches alike: DDP hands buckets to the hook in index order, so each rank's first call
+        is bucket 0 of its first backward, after the same forward collectives (buffer broadcast)
+        and the same asynchronous unused-parameter allreduce, which were enqueued before it on
+        every rank. While it runs, the thread that called backward is inside backward on every
+        rank (CPU: it is this thread; CUDA: it waits for the device threads), so no other
+        collective or group creation of DDP's or the program's can come between, in a different
+        order on different ranks; group creation counts groups globally, so that order is what
+        must match. ``stats`` and ``metrics_text`` never bind: they are often called on one rank
+        only (a scraper thread, rank 0's logging), and a group made there would hang the job.
+        Before binding ``metrics_text`` answers zeros and ``stats`` raises.
+        """
+        if self._group is not None:
+            return
+        with self._bind_lock:
+            if self._group is not None:  # another thread of this rank bound it meanwhile
+                return
+            if not dist.is_initialized():
+                raise RuntimeError("gradcomp.torch.HookState: the default process group does not exist yet; call "
+                                   "torch.distributed.init_process_group (or let the trainer do it) before the "
+                                   "first backward, state_dict() or load_state_dict()")
+            process_group, local_world_size, node_transport = self._binding
+            nodes = node_groups(process_group, local_world_size)
+            group = _own_group(process_group)
+            # CUDA buckets always use the intra-node group (NCCL): no shared memory to name.
+            self._shm_name = _node_transport(nodes[0], "group" if on_cuda else node_transport)
+            self._nodes = nodes
+            # Last: a scrape reads _group without a lock, and from a bound state makes the native hook
+            # from _nodes and _shm_name.
+            self._group = group
 
     def _ensure_native(self):
         if self._native is None:
-            self._native = _C.DdpHook(self._group, self._options, *self._nodes, self._shm_name)
+            if self._group is None:
+                raise RuntimeError("gradcomp.torch.HookState was built before the process group and has not seen a "
+                                   "bucket yet: its statistics exist from the first backward on (or after "
+                                   "state_dict()/load_state_dict() on every rank)")
+            with self._native_lock:
+                if self._native is None:
+                    self._native = _C.DdpHook(self._group, self._options, *self._nodes, self._shm_name)
         return self._native
 
     def stats(self) -> dict:
         self._ensure_native()
         return super().stats()
 
+    def metrics_text(self) -> str:
+        """As ``Hook.metrics_text``; before the state is bound (built before the process group, no
+        bucket yet) the same metrics, all zero. A scrape never binds: it runs on a server's thread, on
+        one rank or at its own time, and binding is a collective of every rank (``_bind``)."""
+        if self._group is None:
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            return _C.zero_metrics_text(rank, _codec_name(self.codec), "ddp")
+        return super().metrics_text()
+
     def state_dict(self) -> dict:
+        self._bind()
         self._ensure_native()
         return super().state_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:
+        self._bind()
         self._ensure_native()
         super().load_state_dict(state_dict)
+
+
+_hook_at_work = False  # some gradcomp DDP hook of this process was registered (register) or ran (comm_hook)
+
+
+def _expect_hook_by_first_step(state: HookState) -> None:
+    """After the first optimizer step of this process, raises if ``state``'s hook has not run: a state
+    built and never handed to DDP (or dropped by a framework) would otherwise train uncompressed, silently."""
+    ref = weakref.ref(state)  # a state the program dropped is not expected to run
+    checked = []
+
+    def check(optimizer, args, kwargs):
+        # Not removed here (PyTorch iterates its hooks while calling them): a no-op after the first step, and
+        # removed when the state goes.
+        state = ref()
+        if checked or state is None:
+            return
+        checked.append(True)
+        # Any gradcomp hook at work in this process passes: with two models, one optimizer may step before the
+        # other model's first backward (a dropped state beside a working one is not caught).
+        if not state._ran and not _hook_at_work:
+            raise RuntimeError(
+                "gradcomp.torch.HookState was made, but by the end of the first optimizer step its hook had not run: "
+                "the gradients were averaged uncompressed (or not at all). Hand it to the DDP model "
+                "(ddp_model.register_comm_hook(state, gradcomp.torch.comm_hook)); PyTorch Lightning's "
+                "DDPStrategy(ddp_comm_hook=...) registers hooks on CUDA only: use "
+                "gradcomp.integrations.lightning.GradcompCallback, which works on CPU and CUDA")
+
+    weakref.finalize(state, register_optimizer_step_post_hook(check).remove)
 
 
 def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: averages ``bucket`` over the ranks with gradcomp, in place."""
     if not isinstance(bucket, dist.GradBucket):  # DDP made under optimize_ddp="python_reducer"
         raise RuntimeError(_REDUCER_NEEDED.format(what='torch._dynamo.config.optimize_ddp="python_reducer"'))
+    if state._group is None:  # built before the process group: binds here (HookState._bind says why it is safe)
+        state._bind(on_cuda=bucket.buffer().is_cuda)
     native = state._ensure_native()
+    global _hook_at_work
+    state._ran = _hook_at_work = True
     if not state._guarded:  # from the first bucket on: the standard route sees no model before
         _guard(bucket.parameters())
         state._guarded = True

@@ -161,7 +161,8 @@ class FsdpHook:
                              f"saved by another world size? (load_local_state_dict(..., reset_residuals=True) "
                              f"of any rank's entry keeps the step and drops the residuals)")
         value = state[key]
-        local = torch.load(io.BytesIO(value), weights_only=False) if isinstance(value, (bytes, bytearray)) \
+        # weights_only: the state is dicts of tensors, ints and strings, and a checkpoint is data, never code.
+        local = torch.load(io.BytesIO(value), weights_only=True) if isinstance(value, (bytes, bytearray)) \
             else value
         self.load_local_state_dict(local, reset_residuals)
 

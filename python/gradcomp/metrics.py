@@ -61,9 +61,11 @@ def register(*hooks, registry=None) -> GradcompCollector:
     return collector
 
 
-def serve(port: int, *hooks, addr: str = "0.0.0.0", per_rank_port: bool = True) -> GradcompCollector:
+def serve(port: int, *hooks, addr: str = "127.0.0.1", per_rank_port: bool = True) -> GradcompCollector:
     """Serves the hooks' metrics over HTTP at ``addr:port`` (``/metrics``), on a registry of their own,
-    from a daemon thread. With ``per_rank_port`` (default) each process of a node listens on
+    from a daemon thread. The endpoint has no authentication, so it listens on loopback unless ``addr``
+    says otherwise (``"0.0.0.0"``: every interface, for a scraper on another host; docs/operations.md
+    says what it reveals). With ``per_rank_port`` (default) each process of a node listens on
     ``port + local rank`` (LOCAL_RANK or SLURM_LOCALID), so that the ranks of a node do not collide.
     Returns the collector; ``collector.add(hook)`` adds another hook later."""
     import os

@@ -205,8 +205,11 @@ class TopKCorruption : public ::testing::Test {
       cpu::topk_decode(
           testing::topk_decode_params(ptrs, bytes, n, k, DType::kFloat32, &seg, DType::kFloat32));
       ADD_FAILURE() << "corrupted payload accepted";
-    } catch (const Error& e) {
+    } catch (const PayloadError& e) {  // counted as a rejected payload, and names the sender
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("(from rank "), std::string::npos) << e.what();
+    } catch (const Error& e) {
+      ADD_FAILURE() << "a bad payload raised a plain Error, not PayloadError: " << e.what();
     }
     for (int64_t i = 0; i < n; ++i)
       ASSERT_EQ(out.get(i), 42.0f) << "output written before validation";

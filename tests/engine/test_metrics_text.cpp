@@ -2,7 +2,9 @@
 // and their Prometheus text, and the atomic file write of the textfile collector.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -84,7 +86,7 @@ TEST(MetricsText, TheFileIsReplacedWholeAndAnUnwritablePathIsNamed) {
   std::ifstream f(path);
   std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   EXPECT_EQ(all, "second\n");
-  EXPECT_FALSE(std::ifstream(path + ".tmp").good());
+  EXPECT_FALSE(std::ifstream(path + ".tmp").good());  // no temporary left behind
   std::remove(path.c_str());
   try {
     write_file_atomically("/nonexistent-dir/x.prom", "x");
@@ -92,6 +94,71 @@ TEST(MetricsText, TheFileIsReplacedWholeAndAnUnwritablePathIsNamed) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent-dir/x.prom"), std::string::npos);
   }
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// A fresh directory of the test's own, and the names in it.
+std::string fresh_dir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    out.push_back(e.path().filename().string());
+  return out;
+}
+
+TEST(MetricsText, TwoConcurrentWritersNeverLeaveAMixedOrTornFile) {
+  const std::string dir = fresh_dir("gradcomp_two_writers");
+  const std::string path = dir + "/m.prom";
+  // Big enough that a shared temporary would be written by both at once.
+  const std::string a(1 << 18, 'a'), b(1 << 17, 'b');
+  std::atomic<int> errors{0};
+  auto writer = [&](const std::string& text) {
+    for (int i = 0; i < 100; ++i) {
+      try {
+        write_file_atomically(path, text);
+      } catch (const Error&) {
+        ++errors;
+      }
+    }
+  };
+  std::thread t1(writer, a), t2(writer, b);
+  // Every version a reader sees is one writer's whole text.
+  for (int i = 0; i < 200; ++i) {
+    const std::string seen = read_all(path);
+    EXPECT_TRUE(seen.empty() || seen == a || seen == b)
+        << "a reader saw " << seen.size() << " bytes";
+  }
+  t1.join();
+  t2.join();
+  EXPECT_EQ(errors.load(), 0);
+  const std::string last = read_all(path);
+  EXPECT_TRUE(last == a || last == b) << last.size() << " bytes";
+  EXPECT_EQ(names_in(dir), std::vector<std::string>{"m.prom"}) << "a temporary was left behind";
+  std::filesystem::remove_all(dir);
+}
+
+TEST(MetricsText, ALinkPlantedAtTheTemporarysNameIsNotWrittenThrough) {
+  const std::string dir = fresh_dir("gradcomp_planted_link");
+  const std::string path = dir + "/m.prom";
+  const std::string victim = dir + "/victim";
+  std::ofstream(victim) << "precious\n";
+  // The names a writer could be expected to use: the old fixed one and this process's first.
+  std::filesystem::create_symlink(victim, path + ".tmp");
+  write_file_atomically(path, "metrics\n");
+  EXPECT_EQ(read_all(victim), "precious\n") << "the write followed the planted link";
+  EXPECT_EQ(read_all(path), "metrics\n");
+  EXPECT_FALSE(std::filesystem::is_symlink(path));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(EngineCounters, StepsLatencyResidualsAndARejectedPayloadAreCounted) {

@@ -47,7 +47,7 @@ def main():
     path = os.path.join(args.dir, f"rank{rank}.pt")
     start = 0
     if os.path.exists(path):
-        state = torch.load(path, weights_only=False)
+        state = torch.load(path, weights_only=True)
         ddp.module.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         hook.load_state_dict(state["gradcomp"])

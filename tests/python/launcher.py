@@ -29,31 +29,69 @@ def _entry(module: str, fn: str, rank: int, world: int, store: str, args: tuple,
         queue.put((rank, "error", traceback.format_exc()))
 
 
+def _entry_env(module: str, fn: str, rank: int, world: int, port: int, args: tuple, queue,
+               timeout: float = 180.0) -> None:
+    # As torchrun starts a rank: the variables set, no process group yet (the program or its trainer makes it).
+    faulthandler.dump_traceback_later(max(timeout - 15.0, 1.0), exit=False)
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
+                       "GROUP_RANK": "0", "NODE_RANK": "0", "TORCHELASTIC_RUN_ID": "gradcomp-test"})
+    try:
+        import torch.distributed as dist
+
+        try:
+            result = getattr(importlib.import_module(module), fn)(rank, world, *args)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        queue.put((rank, "ok", result))
+    except BaseException:  # reported to the test, which fails with the traceback
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_env(module: str, fn: str, world: int, *args, timeout: float = 180.0) -> list:
+    """As ``launch``, but each rank starts as under torchrun (MASTER_ADDR/PORT, RANK, WORLD_SIZE,
+    LOCAL_RANK set) without a process group: for code that makes it itself (trainers)."""
+    return _run(_entry_env, _free_port(), module, fn, world, args, timeout)
+
+
 def launch(module: str, fn: str, world: int, *args, timeout: float = 180.0) -> list:
+    """Returns each rank's result; raises with every failing rank's traceback, or on a hang."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return _run(_entry, os.path.join(tmp, "store"), module, fn, world, args, timeout)
+
+
+def _run(entry, where, module: str, fn: str, world: int, args: tuple, timeout: float) -> list:
     """Returns each rank's result; raises with every failing rank's traceback, or on a hang."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_entry, args=(module, fn, r, world, store, args, queue, timeout))
-                 for r in range(world)]
+    procs = [ctx.Process(target=entry, args=(module, fn, r, world, where, args, queue, timeout))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results, errors = {}, []
+    try:
+        for _ in range(world):
+            rank, status, value = queue.get(timeout=timeout)
+            if status == "ok":
+                results[rank] = value
+            else:
+                errors.append(f"rank {rank}:\n{value}")
+    except Exception as e:  # queue.Empty: some rank hung
+        errors.append(f"timed out after {timeout} s waiting for ranks {sorted(set(range(world)) - set(results))}: {e!r}")
+    finally:
         for p in procs:
-            p.start()
-        results, errors = {}, []
-        try:
-            for _ in range(world):
-                rank, status, value = queue.get(timeout=timeout)
-                if status == "ok":
-                    results[rank] = value
-                else:
-                    errors.append(f"rank {rank}:\n{value}")
-        except Exception as e:  # queue.Empty: some rank hung
-            errors.append(f"timed out after {timeout} s waiting for ranks {sorted(set(range(world)) - set(results))}: {e!r}")
-        finally:
-            for p in procs:
-                p.join(timeout=10)
-                if p.is_alive():
-                    p.kill()
-        if errors:
-            raise AssertionError("\n".join(errors))
-        return [results[r] for r in range(world)]
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return [results[r] for r in range(world)]

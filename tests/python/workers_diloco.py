@@ -16,8 +16,10 @@ from workers_hierarchical import HierarchicalReference
 SEED = 7
 
 
-def make_model():
-    torch.manual_seed(0)
+def make_model(seed=0):
+    """Each rank passes its own seed: DiLoCo's broadcast, and its ordering before the anchors are read
+    (on CUDA: an event, not a host wait), must make them equal; with equal seeds a missing one is invisible."""
+    torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(20, 33), nn.ReLU(), nn.Linear(33, 47), nn.ReLU(), nn.Linear(47, 5))
 
 
@@ -45,7 +47,7 @@ class Reference:
     def __init__(self, rank, world, split, inner_steps, lr=0.7, mu=0.9, local=1, dev="cpu"):
         self.rank, self.world, self.split, self.h, self.lr, self.mu = rank, world, split, inner_steps, lr, mu
         self.local, self.dev = local, dev
-        self.model = make_model().to(dev)
+        self.model = make_model(0).to(dev)  # rank 0's model: what the broadcast gives every rank
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
         params = list(self.model.parameters())
         self.frag_params = [[params[i] for i in frag] for frag in split]
@@ -98,9 +100,11 @@ def trains_like_the_reference(rank, world, variant, device="cpu"):
         h, fragments = 4, 2
     if variant == "hierarchical":
         local = 2
-    model = make_model().to(dev)
+    model = make_model(rank).to(dev)
+    assert rank == 0 or not torch.equal(flat(model), flat(make_model(0))), "the ranks must start apart"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     d = gt.diloco(model, opt, gradcomp.Q4(seed=SEED), inner_steps=h, fragments=fragments, local_world_size=local)
+    assert torch.equal(flat(model), flat(make_model(0))), "DiLoCo did not start every rank from rank 0's model"
     split = d.fragments()
     assert sorted(i for frag in split for i in frag) == list(range(len(list(model.parameters())))), split
     assert len(split) == fragments
@@ -133,10 +137,10 @@ def trains_like_the_reference(rank, world, variant, device="cpu"):
 def nan_round_resets_every_rank(rank, world):
     """A rank whose inner steps diverge makes the mean non-finite: every rank goes back to the round's
     start, the outer state and the residuals stay as they were."""
-    model = make_model()
-    start = flat(model)
+    model = make_model(rank)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     d = gt.diloco(model, opt, gradcomp.Q4(seed=SEED), inner_steps=2)
+    start = flat(model)  # rank 0's, broadcast
     inner_step(model, opt, rank, 1, "cpu")
     if rank == world - 1:
         with torch.no_grad():
@@ -163,12 +167,12 @@ def run_steps(model, opt, rank, steps):
 def resumes_bit_for_bit(rank, world, path):
     """Saving mid-round (model, AdamW, DiLoCo) and resuming gives the parameters of an unbroken run."""
     options = dict(inner_steps=3, fragments=2)
-    model = make_model()
+    model = make_model(rank)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     gt.diloco(model, opt, gradcomp.Q4(seed=SEED), **options)
     straight = run_steps(model, opt, rank, range(1, 11))
 
-    model = make_model()
+    model = make_model(rank)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     d = gt.diloco(model, opt, gradcomp.Q4(seed=SEED), **options)
     run_steps(model, opt, rank, range(1, 6))
@@ -176,9 +180,9 @@ def resumes_bit_for_bit(rank, world, path):
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "diloco": d.state_dict()}, buf)
     torch.save(d.state_dict(), f"{path}.{rank}")
     buf.seek(0)
-    saved = torch.load(buf)
+    saved = torch.load(buf, weights_only=True)
 
-    model = make_model()
+    model = make_model(rank)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     d = gt.diloco(model, opt, gradcomp.Q4(seed=SEED), **options)
     model.load_state_dict(saved["model"])
@@ -196,7 +200,7 @@ def refuses_what_it_cannot_do(rank, world, path):
     d = gt.diloco(model, opt, gradcomp.Q4(seed=SEED), inner_steps=3, fragments=2)
     problems = {}
     try:
-        d.load_state_dict(torch.load(f"{path}.0"))
+        d.load_state_dict(torch.load(f"{path}.0", weights_only=True))
     except RuntimeError as e:
         problems["world"] = str(e)
     for name, call in {

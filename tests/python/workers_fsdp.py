@@ -234,20 +234,35 @@ def trains_like_the_reference(rank, world, variant, device="cpu"):
 
 
 def mixed_precision_reaches_the_comm_in_the_reduce_dtype(rank, world, reduce_dtype):
-    """MixedPrecisionPolicy(bf16 params, `reduce_dtype`): the comm receives that dtype and trains."""
+    """MixedPrecisionPolicy(bf16 params, `reduce_dtype`): the comm receives that dtype, and every
+    reduce-scatter's output equals the reference's of every rank's inputs bit for bit (the mean over W
+    ranks, rounded once to the reduce dtype: a wrong scale or a second rounding shows), and it trains."""
     reduce = getattr(torch, reduce_dtype)
+    bits = torch.int32 if reduce == torch.float32 else torch.int16
     model = shard(make_model(), MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce))
     hook = gt.fsdp(model, gradcomp.Q4(seed=SEED))
-    seen = []
+    seen, refs, compared = [], {}, []
     original = hook._reduce_scatter
 
     def spy(output, input, group, op, bucket):
-        seen.append((input.dtype, output.dtype))
+        seen.append((input.dtype, output.dtype, getattr(op, "op", op)))
+        # Every rank's input, exactly (bf16 -> fp32 -> bf16 is lossless), before the collective.
+        everyone = [torch.empty(input.numel()) for _ in range(world)]
+        dist.all_gather(everyone, input.detach().reshape(-1).float())
         original(output, input, group, op, bucket)
+        ref = refs.setdefault(bucket, Q4ReduceScatter(world, seed=SEED))
+        rows_in = [e.to(input.dtype).view(world, -1) for e in everyone]
+        want = ref.step(rows_in, ref.steps, bucket, float(world))[rank]
+        got = output.detach().reshape(-1)
+        assert got.dtype == want.dtype and torch.equal(got.view(bits), want.view(bits)), \
+            f"bucket {bucket}: differs from the reference by {(got.float() - want.float()).abs().max().item()}"
+        compared.append(bucket)
 
     hook._reduce_scatter = spy
     losses = train_losses(model, torch.optim.AdamW(model.parameters(), lr=1e-2), rank, 30)
-    assert set(seen) == {(reduce, reduce)}, seen
+    assert {s[:2] for s in seen} == {(reduce, reduce)}, seen
+    assert {s[2] for s in seen} == {dist.ReduceOp.AVG}, seen
+    assert len(compared) == 30 * len(buckets_of(model)), compared
     assert losses[-1] < 0.5 * losses[0], losses
     return True
 
@@ -285,7 +300,7 @@ def refuses_another_world_size(rank, world, path):
     ranks: every rank refuses at load, before any collective, saying why; reset_residuals loads it."""
     saved = {}
     for r in range(2):
-        saved.update(torch.load(f"{path}.{r}"))
+        saved.update(torch.load(f"{path}.{r}", weights_only=True))
     model = shard(make_model())
     hook = gt.fsdp(model, gradcomp.Q4(seed=SEED, residual_dtype=torch.bfloat16))
     try:

@@ -102,8 +102,10 @@ MetricLabels metric_labels(int rank, std::string codec, std::string front_end);
 // one `_total` counter per count, `_seconds` and `_bytes` units, the latency histogram as
 // gradcomp_bucket_seconds. docs/operations.md lists them.
 std::string prometheus_text(const ReductionStats& total, const MetricLabels& labels);
-// Writes `text` to `path` through a temporary file in the same directory and a rename, so that a
-// reader (node_exporter's textfile collector) never sees half of it. Throws Error naming the path.
+// Writes `text` to `path` through a temporary file of a unique name in the same directory (created
+// with O_EXCL | O_NOFOLLOW), fsynced, renamed over `path`, and the directory fsynced: a reader
+// (node_exporter's textfile collector) never sees half of it, concurrent writers do not share a
+// temporary, and a crash leaves the old file or the new one. Throws Error naming the path.
 void write_file_atomically(const std::string& path, const std::string& text);
 
 // When one bucket was handed in, began reducing and was done (host clock; on a CUDA backend the

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "gradcomp/backend.h"
@@ -37,9 +38,9 @@ struct OuterParam {
 
 struct OuterSyncStats {
   uint64_t inner_steps = 0;
-  uint64_t rounds = 0;              // fragment syncs done
-  uint64_t nonfinite_rounds = 0;    // syncs whose mean was not finite (parameters reset instead)
-  uint64_t bytes_sent = 0;          // by this rank, through the compressed allreduce
+  uint64_t rounds = 0;            // fragment syncs done
+  uint64_t nonfinite_rounds = 0;  // syncs whose mean was not finite (parameters reset instead)
+  uint64_t bytes_sent = 0;  // by this rank, as its communicators counted them (agreement included)
   uint64_t uncompressed_bytes = 0;  // what an fp32 ring allreduce of the same rounds would send
   double seconds = 0.0;             // spent in outer steps (math, copies, the allreduce)
 };
@@ -94,7 +95,9 @@ class OuterSync {
   std::vector<int64_t> fragment_params(uint32_t fragment) const;
   // Whether a fragment syncs after inner step t (counted from 1).
   bool due(uint32_t fragment, uint64_t t) const;
-  OuterSyncStats stats() const { return stats_; }
+  // Safe from another thread while a sync runs (a metrics scrape): the counters have a lock of
+  // their own, never held across a collective.
+  OuterSyncStats stats() const;
 
   OuterSyncState state() const;
   // Refuses a state of another layout (H, fragment count or sizes, residual sizes) or with
@@ -121,7 +124,10 @@ class OuterSync {
   std::vector<Fragment> fragments_;
   int world_ = 1;
   int nodes_ = 0;  // hierarchical: the node count; 0: flat
+  // Every communicator a sync sends through (flat: one; hierarchical: the node's and across nodes).
+  std::vector<Communicator*> comms_;
   uint64_t inner_step_ = 0;
+  mutable std::mutex stats_mu_;  // stats_ only
   OuterSyncStats stats_;
 };
 

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
 
 #include "gradcomp/backend.h"
 #include "gradcomp/collectives.h"
@@ -102,6 +103,8 @@ class CompressedReduceScatter {
   struct Bucket;
   Bucket& bucket_for(const ReduceScatterRequest& request);
   void check_layout(const Bucket& b);
+  // The error of a payload the device rejected, naming its sending rank.
+  std::string rejection_naming_rank(const Bucket& b, const std::string& device_message);
 
   Communicator& comm_;
   Backend& backend_;

@@ -138,8 +138,20 @@ def test_codec_specs_validate_their_options():
         gradcomp.TopK(piece_numel=True)
     with pytest.raises(ValueError, match="TopK piece_numel"):
         gradcomp.TopK(piece_numel=2**31 + 1)
+    with pytest.raises(ValueError, match="Q4 kernels must be one of 'default', 'v1', 'v2', got 'v3'"):
+        gradcomp.Q4(kernels="v3")
+    with pytest.raises(ValueError, match="TopK kernels must be one of"):
+        gradcomp.TopK(kernels=2)
     with pytest.raises(TypeError):
         gt.register(torch.nn.Linear(2, 2))
+
+
+def test_kernel_generation_reaches_the_core_and_the_cpu_ignores_it():
+    # The spec hands "kernels" to the core; on the CPU both generations give the same bytes.
+    assert gradcomp.Q4(kernels="v2")._options()["kernels"] == "v2"
+    x = torch.randn(1000)
+    payloads = [gradcomp.compress(x, gradcomp.Q4(seed=3, kernels=k)) for k in ("v1", "v2", "default")]
+    assert all(torch.equal(payloads[0], p) for p in payloads[1:])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

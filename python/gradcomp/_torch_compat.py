@@ -62,7 +62,8 @@ def guard_against_compiled_autograd(param: torch.Tensor) -> None:
 
 def fsdp_reduce_scatter_api():
     """FSDP2's ``FSDPModule`` and its ``ReduceScatter`` comm interface, or RuntimeError naming the
-    installed torch: ``set_custom_reduce_scatter`` came after 2.7 (2.7.1 lacks it; 2.15 has it)."""
+    installed torch: ``set_custom_reduce_scatter`` came in 2.9 (the 2.8.0 wheel lacks it, 2.9.0 has it
+    with the interface 2.15 has)."""
     try:
         from torch.distributed.fsdp import FSDPModule
         from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
@@ -70,7 +71,7 @@ def fsdp_reduce_scatter_api():
         FSDPModule = ReduceScatter = None
     if FSDPModule is None or not hasattr(FSDPModule, "set_custom_reduce_scatter"):
         raise RuntimeError(f"gradcomp.torch.fsdp needs FSDP2's FSDPModule.set_custom_reduce_scatter, which torch "
-                           f"{torch.__version__} lacks (2.7 has none; 2.15 has it): upgrade torch, or use "
+                           f"{torch.__version__} lacks (it came in torch 2.9): upgrade torch to 2.9 or newer, or use "
                            f"gradcomp.torch.register with DistributedDataParallel")
     return FSDPModule, ReduceScatter
 

@@ -1,5 +1,6 @@
 """Builds gradcomp._C by driving the project's CMake build; keeps no source lists of its own."""
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,8 @@ class CMakeBuild(build_ext):
         ]
         if "CMAKE_CUDA_ARCHITECTURES" in os.environ:
             args.append(f"-DCMAKE_CUDA_ARCHITECTURES={os.environ['CMAKE_CUDA_ARCHITECTURES']}")
+        # Extra CMake options, e.g. GRADCOMP_CMAKE_ARGS="-DGRADCOMP_WITH_CUDA=OFF" for a CPU-only build.
+        args += shlex.split(os.environ.get("GRADCOMP_CMAKE_ARGS", ""))
         subprocess.check_call(args)
         jobs = os.environ.get("GRADCOMP_JOBS", str(os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", str(build_dir), "--target", "gradcomp_torch", "-j", jobs])

@@ -14,6 +14,9 @@ command -v prometheus-node-exporter >/dev/null || need+=(prometheus-node-exporte
 # A single-node Slurm for tests/python/test_launch_recipes.py.
 command -v slurmctld >/dev/null || need+=(slurmctld)
 command -v slurmd >/dev/null || need+=(slurmd slurm-client)
+# Compiler cache: the core is compiled by several builds of one CI run (tests, the torch layer for
+# each torch version, the wheel) with the same flags; scripts/test_all.sh points them at one cache.
+command -v ccache >/dev/null || need+=(ccache)
 ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || need+=(libclang-rt-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"

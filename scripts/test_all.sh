@@ -12,6 +12,16 @@ step() { printf '\n==== %s\n' "$*"; }
 
 "$root/scripts/setup.sh"
 
+# One compiler cache, outside the clone, for every build below (CMake reads the launchers from the
+# environment; pip's builds inherit it). Paths are rewritten relative to the clone, so a fresh clone
+# hits what the last run compiled.
+if command -v ccache >/dev/null 2>&1; then
+  export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/gradcomp/ccache}" CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
+  export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-8G}"
+  export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
+  ccache --zero-stats >/dev/null
+fi
+
 step "layers (no upward includes) and clang-format"
 python3 "$root/scripts/check_layers.py"
 git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format --dry-run --Werror
@@ -141,4 +151,5 @@ GRADCOMP_BUILD_DIR="$root/build-wheel" CMAKE_CUDA_ARCHITECTURES="$cuda_archs" \
 # Back to the editable install the rest of this clone's tools expect.
 CMAKE_CUDA_ARCHITECTURES="$cuda_archs" "$venv/bin/pip" install -q --no-build-isolation -e .
 
+if command -v ccache >/dev/null 2>&1; then ccache --show-stats | grep -iE "hits|misses" || true; fi
 step "all tests passed"

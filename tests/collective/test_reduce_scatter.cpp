@@ -139,11 +139,12 @@ void expect_same_bytes(const HostTensor& a, const HostTensor& b, const std::stri
 // Runs `steps` steps of one bucket on every rank; outputs[step][rank].
 std::vector<std::vector<HostTensor>> run_engine(const CompressionConfig& c, int world,
                                                 int64_t shard, DType dtype, int steps,
-                                                float divisor, std::vector<bool>* finite = nullptr,
+                                                float divisor, std::vector<char>* finite = nullptr,
                                                 int nan_rank = -1, int nan_step = -1) {
   InProcessGroup group(world);
   std::vector<std::vector<HostTensor>> out(steps, std::vector<HostTensor>(world));
-  if (finite) finite->assign(static_cast<size_t>(steps * world), true);
+  // Not vector<bool>: its bits share words, and the ranks write their own elements at once.
+  if (finite) finite->assign(static_cast<size_t>(steps * world), 1);
   run_ranks(group, [&](int rank, Communicator& comm) {
     auto backend = make_cpu_backend();
     CompressedReduceScatter rs(comm, *backend, c);
@@ -224,7 +225,7 @@ TEST(ReduceScatter, ANonFiniteInputOnOneRankReachesEveryRanksOutputAndKeepsEvery
   for (const CompressionConfig& c : {q4_config(), topk_config(true)}) {
     const int world = 3;
     const int64_t shard = 200;
-    std::vector<bool> finite;
+    std::vector<char> finite;
     // Rank 1's NaN sits in the last row (rank 2's); every rank must see a non-finite output.
     auto got = run_engine(c, world, shard, DType::kFloat32, 3, 3.0f, &finite, 1, 1);
     Reference ref(c, world, shard, 5);
@@ -233,7 +234,7 @@ TEST(ReduceScatter, ANonFiniteInputOnOneRankReachesEveryRanksOutputAndKeepsEvery
       if (s == 1) in[1].set(shard * world - 1, NAN);
       auto want = ref.step(in, s, 3.0f);
       for (int r = 0; r < world; ++r) {
-        EXPECT_EQ(finite[s * world + r], s != 1) << "step " << s << " rank " << r;
+        EXPECT_EQ(finite[s * world + r] != 0, s != 1) << "step " << s << " rank " << r;
         bool any_nan = false;
         for (int64_t i = 0; i < shard; ++i) any_nan |= std::isnan(got[s][r].get(i));
         EXPECT_EQ(any_nan, s == 1) << "step " << s << " rank " << r;

@@ -47,7 +47,7 @@ std::vector<float> gradient(int64_t n, uint32_t step, int rank, uint32_t salt = 
 // Submits a bucket and waits for its callback; returns the error it reported.
 std::exception_ptr submit_and_wait(BucketEngine& engine, BucketRequest r) {
   std::promise<std::exception_ptr> done;
-  engine.submit(std::move(r), [&](std::exception_ptr e) { done.set_value(e); });
+  engine.submit(std::move(r), [&](std::exception_ptr e) { done.set_value(std::move(e)); });
   return done.get_future().get();
 }
 

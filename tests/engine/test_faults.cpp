@@ -167,7 +167,7 @@ TEST_P(PeerFails, EveryRankRaisesNamingStepBucketAndCollectiveWithinTheTimeout) 
     for (int b = 0; b < 2; ++b) {
       std::vector<float> g = gradient(kNumel[b], 0, rank, b);
       std::promise<std::exception_ptr> done;
-      engine.submit(request(g, b), [&](std::exception_ptr e) { done.set_value(e); });
+      engine.submit(request(g, b), [&](std::exception_ptr e) { done.set_value(std::move(e)); });
       if (std::exception_ptr e = done.get_future().get()) {
         try {
           std::rethrow_exception(e);

@@ -107,7 +107,7 @@ TEST_P(OverlappedBucketsOfEveryCodec, EqualOneBucketAtATimeByteForByteWhicheverR
         r.index = b;
         r.identity = 70 + b;
         r.is_last = b == kBuckets - 1;
-        engine.submit(r, [&done, b](std::exception_ptr e) { done[b].set_value(e); });
+        engine.submit(r, [&done, b](std::exception_ptr e) { done[b].set_value(std::move(e)); });
         if (!overlap) ASSERT_FALSE(done[b].get_future().get());
       }
       if (overlap) {
@@ -242,7 +242,7 @@ TEST(OverlappedBuckets, AFailingPeerFailsTheBucketItHitAndTheOneInFlightComplete
       r.index = b;
       r.identity = 80 + b;
       r.is_last = b == 1;
-      engine.submit(r, [&done, b](std::exception_ptr e) { done[b].set_value(e); });
+      engine.submit(r, [&done, b](std::exception_ptr e) { done[b].set_value(std::move(e)); });
     }
     queue_up.all_queued.set_value();
     first_ok[rank] = !done[0].get_future().get();

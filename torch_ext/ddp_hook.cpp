@@ -1,6 +1,8 @@
 // The DDP hook's adapter: DDP buckets to engine requests, futures, the CUDA compression stream.
 #include "ddp_hook.h"
 
+#include <utility>
+
 #include "profiled_backend.h"
 #include "profiler_ranges.h"
 #include "tensor_params.h"
@@ -152,7 +154,7 @@ c10::intrusive_ptr<c10::ivalue::Future> DdpHook::submit(at::Tensor bucket, int64
     bucket.record_stream(compress);
     engine_.reduce(r, [future, bucket](std::exception_ptr error) {
       if (error) {
-        future->setError(error);
+        future->setError(std::move(error));
       } else {
         future->markCompleted(c10::IValue(bucket));
       }
@@ -164,7 +166,7 @@ c10::intrusive_ptr<c10::ivalue::Future> DdpHook::submit(at::Tensor bucket, int64
   call_core([&] {
     engine_.submit(std::move(r), [future, bucket](std::exception_ptr error) {
       if (error) {
-        future->setError(error);
+        future->setError(std::move(error));
       } else {
         future->markCompleted(c10::IValue(bucket));
       }

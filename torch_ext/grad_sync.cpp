@@ -14,6 +14,7 @@
 #include <mutex>
 #include <random>
 #include <sstream>
+#include <utility>
 
 #include "gradcomp/torch.h"
 #include "parameter_agreement.h"
@@ -380,9 +381,12 @@ void GradSync::Impl::launch(int64_t index) {
   auto done = [this, index](std::exception_ptr error) {
     std::lock_guard<std::mutex> lock(mu_);
     if (error && !failure_) {
-      failure_ = error;
+      failure_ = std::move(error);
       failed_bucket_ = index;
     }
+    // Dropped under mu_ too, so the exception's last release is ordered after the step's reads of
+    // it by the lock (see CollectiveQueue::run).
+    error = nullptr;
     ++completed_;
     done_cv_.notify_all();
   };

@@ -54,46 +54,38 @@ GRADCOMP_HD uint32_t header_checksum(const PayloadHeader& h) {
   return x;
 }
 
-GRADCOMP_HD PayloadHeader make_q4_header(uint64_t numel, uint32_t block, uint8_t dtype,
-                                         bool stochastic) {
+// The header of a block codec's payload (q4: float32 steps, codes two per byte; q2: bfloat16
+// steps, codes four per byte). One body for both, so a decoder that expects either divides once.
+GRADCOMP_HD PayloadHeader make_block_header(uint8_t codec, uint64_t numel, uint32_t block,
+                                            uint8_t dtype, bool stochastic) {
+  const bool q2 = codec == kCodecQ2;
   PayloadHeader h;
   h.magic = kPayloadMagic;
   h.version = kFormatVersion;
-  h.codec = kCodecQ4;
+  h.codec = codec;
   h.dtype = dtype;
-  h.value_dtype = math::kDtypeF32;
+  h.value_dtype = q2 ? math::kDtypeBF16 : math::kDtypeF32;
   h.flags = stochastic ? 1 : 0;
   h.reserved0 = 0;
   h.param = block;
   h.numel = numel;
-  h.count = math::q4_num_blocks(numel, block);
-  h.section0_bytes = h.count * 4;
-  h.section1_bytes = (numel + 1) / 2;
+  h.count = math::q4_num_blocks(numel, block);  // q2_num_blocks: the same rule
+  h.section0_bytes = h.count * (q2 ? 2 : 4);
+  h.section1_bytes = q2 ? math::q2_code_bytes(numel) : (numel + 1) / 2;
   h.body_checksum = 0;
   h.reserved2 = 0;
   h.checksum = header_checksum(h);
   return h;
 }
 
+GRADCOMP_HD PayloadHeader make_q4_header(uint64_t numel, uint32_t block, uint8_t dtype,
+                                         bool stochastic) {
+  return make_block_header(kCodecQ4, numel, block, dtype, stochastic);
+}
+
 GRADCOMP_HD PayloadHeader make_q2_header(uint64_t numel, uint32_t block, uint8_t dtype,
                                          bool stochastic) {
-  PayloadHeader h;
-  h.magic = kPayloadMagic;
-  h.version = kFormatVersion;
-  h.codec = kCodecQ2;
-  h.dtype = dtype;
-  h.value_dtype = math::kDtypeBF16;
-  h.flags = stochastic ? 1 : 0;
-  h.reserved0 = 0;
-  h.param = block;
-  h.numel = numel;
-  h.count = math::q2_num_blocks(numel, block);
-  h.section0_bytes = h.count * 2;
-  h.section1_bytes = math::q2_code_bytes(numel);
-  h.body_checksum = 0;
-  h.reserved2 = 0;
-  h.checksum = header_checksum(h);
-  return h;
+  return make_block_header(kCodecQ2, numel, block, dtype, stochastic);
 }
 
 GRADCOMP_HD PayloadHeader make_topk_header(uint64_t numel, uint32_t capacity, uint64_t count,
@@ -159,8 +151,8 @@ GRADCOMP_HD PayloadHeader with_body_checksum(PayloadHeader h, uint64_t sum) {
 GRADCOMP_HD PayloadHeader expected_header(uint8_t codec, uint64_t numel, uint32_t param,
                                           uint64_t count, uint8_t dtype, bool stochastic,
                                           uint8_t value_dtype) {
-  if (codec == kCodecQ4) return make_q4_header(numel, param, dtype, stochastic);
-  if (codec == kCodecQ2) return make_q2_header(numel, param, dtype, stochastic);
+  if (codec == kCodecQ4 || codec == kCodecQ2)
+    return make_block_header(codec, numel, param, dtype, stochastic);
   return make_topk_header(numel, param, count, dtype, value_dtype);
 }
 

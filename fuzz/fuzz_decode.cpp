@@ -1,4 +1,4 @@
-// libFuzzer target: q4 and top-k decoders and header inspection on arbitrary bytes.
+// libFuzzer target: q4, q2 and top-k decoders and header inspection on arbitrary bytes.
 #include <cstring>
 #include <vector>
 
@@ -7,13 +7,15 @@
 
 using namespace gradcomp;
 
-// Input: 4 control bytes (codec and top-k capacity; payload count and q4 block; size; output
+// Input: 4 control bytes (codec and top-k capacity: bit 0 top-k, else bit 1 q2, else q4; payload
+// count and q4 / q2 block; size; output
 // dtype and whether to redo the checksums), then payload bytes
 // shared out between the payloads. Decoders must either throw gradcomp::Error or write within
 // their output; AddressSanitizer reports anything else.
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 4) return 0;
   const bool q4 = (data[0] & 1) == 0;
+  const bool q2 = q4 && (data[0] & 2) != 0;
   const int payloads = 1 + data[1] % 3;
   const int64_t numel = 1 + (data[2] % 64) * 7;
   const uint8_t dtype = data[3] % 3;
@@ -47,6 +49,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     if (q4) {
       Q4DecodeParams d;
+      d.codec = q2 ? format::kCodecQ2 : format::kCodecQ4;
       d.payloads = ptrs.data();
       d.num_payloads = payloads;
       d.payload_bytes = each;
@@ -56,7 +59,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       d.num_segments = 1;
       d.dtype = dtype;
       d.divisor = static_cast<float>(payloads);
-      cpu::q4_decode(d);
+      if (q2) {
+        cpu::q2_decode(d);
+      } else {
+        cpu::q4_decode(d);
+      }
     } else {
       TopKDecodeParams d;
       d.payloads = ptrs.data();

@@ -1,4 +1,4 @@
-// Writes valid q4 and top-k decoder inputs as a seed corpus for gradcomp_fuzz_decode.
+// Writes valid q4, q2 and top-k decoder inputs as a seed corpus for gradcomp_fuzz_decode.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -35,6 +35,15 @@ int main(int argc, char** argv) {
     // Control bytes: even first byte (q4), one payload, size selector, dtype; block 16 = data[2] %
     // 5 == 0.
     write(dir + "/q4_" + std::to_string(sel), {0, 0, static_cast<uint8_t>(sel), 0}, q);
+    // q2 (first byte 2), stochastic, in one payload and (sel odd) as two equal ones.
+    std::vector<uint8_t> q2(q2_payload_bytes(numel, 16));
+    e.codec = format::kCodecQ2;
+    e.payload = q2.data();
+    cpu::q2_encode(e);
+    if (sel % 2 == 1) q2.insert(q2.end(), q2.begin(), q2.end());
+    write(dir + "/q2_" + std::to_string(sel),
+          {2, static_cast<uint8_t>(sel % 2), static_cast<uint8_t>(sel), 0}, q2);
+    e.codec = format::kCodecQ4;
     const uint8_t cap_sel =
         static_cast<uint8_t>(1 | ((sel % numel) << 1));  // odd: top-k, value f32
     const int64_t cap = 1 + cap_sel % numel;

@@ -5,6 +5,7 @@
 
 #include "math/half.h"
 #include "math/philox.h"
+#include "math/q2_math.h"
 #include "math/q4_math.h"
 #include "math/topk_math.h"
 #include "payload_header.h"
@@ -20,8 +21,10 @@ struct Segment {
   int64_t numel = 0;
 };
 
-// Encodes elements [begin, begin + numel) of the flattened segments into one q4 payload.
+// Encodes elements [begin, begin + numel) of the flattened segments into one q4 payload, or one
+// q2 payload (codec kCodecQ2: the same blocks, error feedback and random bits, 2-bit codes).
 struct Q4EncodeParams {
+  uint8_t codec = format::kCodecQ4;  // kCodecQ4 or kCodecQ2
   const Segment* segments = nullptr;
   int num_segments = 0;
   // CUDA v2: the host copy of the segment table, if the caller has one (it picks the kernel
@@ -39,12 +42,13 @@ struct Q4EncodeParams {
   uint32_t block_size = 64;
   bool stochastic = true;
   math::RngKey rng = {0, 0, 0, 0, 0};
-  uint8_t* payload = nullptr;  // q4_payload_bytes(numel, block_size) bytes
+  uint8_t* payload = nullptr;  // q4_payload_bytes (q2_payload_bytes) of numel, block_size
 };
 
-// Decodes num_payloads q4 payloads of `numel` elements each, sums them in fp32 in payload order,
-// divides by `divisor` and writes elements [begin, begin + numel) of the flattened output.
+// Decodes num_payloads q4 (or q2) payloads of `numel` elements each, sums them in fp32 in payload
+// order, divides by `divisor` and writes elements [begin, begin + numel) of the flattened output.
 struct Q4DecodeParams {
+  uint8_t codec = format::kCodecQ4;  // kCodecQ4 or kCodecQ2
   const uint8_t* const* payloads = nullptr;
   int num_payloads = 0;
   uint64_t payload_bytes = 0;  // bytes available behind each payload pointer
@@ -109,7 +113,7 @@ struct PayloadCheckParams {
   uint64_t payload_bytes = 0;      // bytes available behind each payload pointer
   const int64_t* numel = nullptr;  // per payload
   uint8_t codec = format::kCodecQ4;
-  uint32_t param = 64;  // q4 block size, top-k capacity
+  uint32_t param = 64;  // q4 / q2 block size, top-k capacity
   uint8_t value_dtype = math::kDtypeF32;
   int32_t* status = nullptr;      // CUDA: the device word that decoders after it read
   uint64_t* body_sums = nullptr;  // CUDA: num_payloads + 1 zeroed device words (v2 counts
@@ -181,6 +185,14 @@ inline const char* q4_block_problem(uint32_t block) {
                                           : "block size must be a power of two in [16, 256]";
 }
 
+// The block codecs: q4 and q2 share their params structs and block-size rule.
+inline const char* block_codec_problem(uint8_t codec, uint32_t block) {
+  if (codec != format::kCodecQ4 && codec != format::kCodecQ2) return "codec is not q4 or q2";
+  const bool valid = codec == format::kCodecQ4 ? math::q4_block_size_valid(block)
+                                               : math::q2_block_size_valid(block);
+  return valid ? nullptr : "block size must be a power of two in [16, 256]";
+}
+
 // What every encode's fields must keep: the input and residual dtypes, the range, a payload.
 inline const char* encode_problem(uint8_t dtype, const void* residual_in, const void* residual_out,
                                   uint8_t residual_dtype, int64_t begin, int64_t numel,
@@ -218,7 +230,7 @@ inline const char* params_problem(const Q4EncodeParams& p) {
   if (const char* e = encode_problem(p.dtype, p.residual_in, p.residual_out, p.residual_dtype,
                                      p.begin, p.numel, p.payload))
     return e;
-  if (const char* block = q4_block_problem(p.block_size)) return block;
+  if (const char* block = block_codec_problem(p.codec, p.block_size)) return block;
   if (p.begin % p.block_size != 0) return "range start is not a multiple of the block size";
   return nullptr;
 }
@@ -227,7 +239,7 @@ inline const char* params_problem(const Q4DecodeParams& p) {
   if (const char* d =
           decode_problem(p.payloads, p.num_payloads, p.payload_bytes, p.dtype, p.begin, p.numel))
     return d;
-  return q4_block_problem(p.block_size);
+  return block_codec_problem(p.codec, p.block_size);
 }
 
 inline const char* params_problem(const TopKEncodeParams& p) {
@@ -276,8 +288,9 @@ inline const char* params_problem(const NonfiniteScanParams& p) {
 inline const char* params_problem(const PayloadCheckParams& p) {
   if (p.num_payloads < 1 || p.payloads == nullptr || p.numel == nullptr) return "no payloads";
   if (p.payload_bytes < kPayloadHeaderBytes) return "payloads are shorter than the 64-byte header";
-  if (p.codec != format::kCodecQ4 && p.codec != format::kCodecTopK) return "unknown codec code";
-  if (p.codec == format::kCodecQ4) return q4_block_problem(p.param);
+  if (p.codec != format::kCodecQ4 && p.codec != format::kCodecTopK && p.codec != format::kCodecQ2)
+    return "unknown codec code";
+  if (p.codec != format::kCodecTopK) return block_codec_problem(p.codec, p.param);
   return math::dtype_valid(p.value_dtype) ? nullptr
                                           : "value dtype code is not float32, float16 or bfloat16";
 }

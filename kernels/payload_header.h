@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "math/half.h"
+#include "math/q2_math.h"
 #include "math/q4_math.h"
 
 namespace gradcomp {
@@ -18,19 +19,19 @@ constexpr uint16_t kFormatVersion = 2;           // 2: the header carries a chec
 constexpr uint64_t kSectionAlign = 16;
 
 // Codec codes; gradcomp::Codec has the same values (static_assert in types.h).
-enum : uint8_t { kCodecQ4 = 1, kCodecTopK = 2 };
+enum : uint8_t { kCodecQ4 = 1, kCodecTopK = 2, kCodecQ2 = 3 };
 
 struct PayloadHeader {
   uint32_t magic;
   uint16_t version;
   uint8_t codec;
   uint8_t dtype;        // dtype of the encoded input
-  uint8_t value_dtype;  // top-k value storage; f32 for q4 scales
-  uint8_t flags;        // bit 0: stochastic rounding (q4)
+  uint8_t value_dtype;  // top-k value storage; f32 for q4 scales, bf16 for q2 scales
+  uint8_t flags;        // bit 0: stochastic rounding (q4, q2)
   uint16_t reserved0;
-  uint32_t param;  // q4: block size; top-k: capacity (entries the sections hold)
+  uint32_t param;  // q4, q2: block size; top-k: capacity (entries the sections hold)
   uint64_t numel;
-  uint64_t count;  // q4: number of blocks; top-k: entries present (<= capacity)
+  uint64_t count;  // q4, q2: number of blocks; top-k: entries present (<= capacity)
   uint64_t section0_bytes;
   uint64_t section1_bytes;
   uint64_t body_checksum;  // body_checksum() of everything after the header
@@ -53,25 +54,38 @@ GRADCOMP_HD uint32_t header_checksum(const PayloadHeader& h) {
   return x;
 }
 
-GRADCOMP_HD PayloadHeader make_q4_header(uint64_t numel, uint32_t block, uint8_t dtype,
-                                         bool stochastic) {
+// The header of a block codec's payload (q4: float32 steps, codes two per byte; q2: bfloat16
+// steps, codes four per byte). One body for both, so a decoder that expects either divides once.
+GRADCOMP_HD PayloadHeader make_block_header(uint8_t codec, uint64_t numel, uint32_t block,
+                                            uint8_t dtype, bool stochastic) {
+  const bool q2 = codec == kCodecQ2;
   PayloadHeader h;
   h.magic = kPayloadMagic;
   h.version = kFormatVersion;
-  h.codec = kCodecQ4;
+  h.codec = codec;
   h.dtype = dtype;
-  h.value_dtype = math::kDtypeF32;
+  h.value_dtype = q2 ? math::kDtypeBF16 : math::kDtypeF32;
   h.flags = stochastic ? 1 : 0;
   h.reserved0 = 0;
   h.param = block;
   h.numel = numel;
-  h.count = math::q4_num_blocks(numel, block);
-  h.section0_bytes = h.count * 4;
-  h.section1_bytes = (numel + 1) / 2;
+  h.count = math::q4_num_blocks(numel, block);  // q2_num_blocks: the same rule
+  h.section0_bytes = h.count * (q2 ? 2 : 4);
+  h.section1_bytes = q2 ? math::q2_code_bytes(numel) : (numel + 1) / 2;
   h.body_checksum = 0;
   h.reserved2 = 0;
   h.checksum = header_checksum(h);
   return h;
+}
+
+GRADCOMP_HD PayloadHeader make_q4_header(uint64_t numel, uint32_t block, uint8_t dtype,
+                                         bool stochastic) {
+  return make_block_header(kCodecQ4, numel, block, dtype, stochastic);
+}
+
+GRADCOMP_HD PayloadHeader make_q2_header(uint64_t numel, uint32_t block, uint8_t dtype,
+                                         bool stochastic) {
+  return make_block_header(kCodecQ2, numel, block, dtype, stochastic);
 }
 
 GRADCOMP_HD PayloadHeader make_topk_header(uint64_t numel, uint32_t capacity, uint64_t count,
@@ -95,7 +109,8 @@ GRADCOMP_HD PayloadHeader make_topk_header(uint64_t numel, uint32_t capacity, ui
   return h;
 }
 
-// Where section 1 (q4 codes, top-k values) starts; section 0 (scales, indices) follows the header.
+// Where section 1 (q4 and q2 codes, top-k values) starts; section 0 (scales, indices) follows the
+// header.
 GRADCOMP_HD uint64_t section1_offset(const PayloadHeader& h) {
   return kPayloadHeaderBytes + align_up(h.section0_bytes, kSectionAlign);
 }
@@ -131,12 +146,21 @@ GRADCOMP_HD PayloadHeader with_body_checksum(PayloadHeader h, uint64_t sum) {
   return h;
 }
 
-// The layout a decoder expects of a payload of `numel` elements (param: q4 block size or top-k
-// capacity): what check_header compares with and how many bytes the body checksum covers.
+// The header a decoder expects of a payload of `numel` elements (param: q4 / q2 block size or
+// top-k capacity; count: top-k's entries present, ignored by the block codecs).
+GRADCOMP_HD PayloadHeader expected_header(uint8_t codec, uint64_t numel, uint32_t param,
+                                          uint64_t count, uint8_t dtype, bool stochastic,
+                                          uint8_t value_dtype) {
+  if (codec == kCodecQ4 || codec == kCodecQ2)
+    return make_block_header(codec, numel, param, dtype, stochastic);
+  return make_topk_header(numel, param, count, dtype, value_dtype);
+}
+
+// The layout a decoder expects of a payload of `numel` elements: what check_header compares with
+// and how many bytes the body checksum covers.
 GRADCOMP_HD uint64_t expected_payload_bytes(uint8_t codec, uint64_t numel, uint32_t param,
                                             uint8_t value_dtype) {
-  return payload_bytes_of(codec == kCodecQ4 ? make_q4_header(numel, param, 0, false)
-                                            : make_topk_header(numel, param, 0, 0, value_dtype));
+  return payload_bytes_of(expected_header(codec, numel, param, 0, 0, false, value_dtype));
 }
 
 // Why a decoder refuses a payload (0: it does not). The one list of these codes; the CUDA
@@ -165,13 +189,12 @@ GRADCOMP_HD int check_header(const PayloadHeader& h, uint8_t codec, uint64_t num
   if (h.codec != codec) return kBadCodec;
   if (!math::dtype_valid(h.dtype) || h.value_dtype != value_dtype) return kBadDtype;
   if (h.numel != numel || h.param != param) return kLayoutMismatch;
-  PayloadHeader expect = codec == kCodecQ4
-                             ? make_q4_header(numel, param, h.dtype, (h.flags & 1) != 0)
-                             : make_topk_header(numel, param, h.count, h.dtype, value_dtype);
+  const bool blocks = codec == kCodecQ4 || codec == kCodecQ2;
+  PayloadHeader expect =
+      expected_header(codec, numel, param, h.count, h.dtype, (h.flags & 1) != 0, value_dtype);
   if (h.section0_bytes != expect.section0_bytes || h.section1_bytes != expect.section1_bytes)
     return kLayoutMismatch;
-  if (codec == kCodecQ4 ? h.count != expect.count : (h.count > param || h.count > numel))
-    return kBadCount;
+  if (blocks ? h.count != expect.count : (h.count > param || h.count > numel)) return kBadCount;
   if (payload_bytes_of(expect) > available_bytes) return kTruncated;
   return kPayloadOk;
 }

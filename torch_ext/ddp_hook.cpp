@@ -17,7 +17,10 @@ namespace gradcomp {
 namespace torch_ext {
 
 EngineOptions ddp_engine_options(const CodecSpec& codec) {
-  EngineOptions o = call_core([&] { return engine_options(codec); });
+  EngineOptions o = call_core([&] {
+    check_per_step_codec(codec, "the DDP communication hook");
+    return engine_options(codec);
+  });
   o.wrap_task = [](std::function<void()> task) {
     return with_profiler_context([task = std::move(task)] {
       GRADCOMP_PHASE("gradcomp::hook_bucket");

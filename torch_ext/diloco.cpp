@@ -143,7 +143,7 @@ struct DiLoCo::Impl {
     kernels_ = engine.config.kernels;
     GRADCOMP_CHECK(engine.compress,
                    "DiLoCo sends its outer gradients through gradcomp's "
-                   "compressed allreduce: the codec must be Q4 or TopK");
+                   "compressed allreduce: the codec must be Q4, Q2 or TopK");
     device_ = params_[0].device();
     std::vector<OuterParam> outer;
     for (size_t i = 0; i < params_.size(); ++i) {

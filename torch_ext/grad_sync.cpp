@@ -175,6 +175,7 @@ GradSync::Impl::Impl(std::vector<at::Tensor> parameters, std::vector<std::string
       codec_name_(codec_spec_name(codec)),
       device_(at::kCPU) {
   GRADCOMP_CHECK(group_, "GradSync: no process group");
+  check_per_step_codec(codec, "GradSync");
   GRADCOMP_CHECK(options_.bucket_cap_bytes > 0 && options_.first_bucket_cap_bytes > 0,
                  "GradSync: bucket caps must be positive, got "
                      << options_.first_bucket_cap_bytes << " and " << options_.bucket_cap_bytes);

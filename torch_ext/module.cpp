@@ -38,7 +38,8 @@ KernelGeneration parse_kernels(const py::dict& d) {
   return call_core([&] { return parse_kernel_generation(name, "codec option kernels"); });
 }
 
-// A Python codec spec's options (gradcomp.Q4 / TopK / NoCompression ._options()) as the C++ spec.
+// A Python codec spec's options (gradcomp.Q4 / TopK / Q2 / NoCompression ._options()) as the C++
+// spec.
 CodecSpec parse_codec(const py::dict& d) {
   const std::string codec = d["codec"].cast<std::string>();
   if (codec == "q4") {
@@ -75,6 +76,17 @@ CodecSpec parse_codec(const py::dict& d) {
     topk.piece_numel = d["piece_numel"].cast<int64_t>();
     topk.kernels = parse_kernels(d);
     return topk;
+  }
+  if (codec == "q2") {
+    Q2 q2;
+    q2.block_size = d["block_size"].cast<int>();
+    q2.rounding =
+        d["rounding"].cast<std::string>() == "nearest" ? Rounding::kNearest : Rounding::kStochastic;
+    q2.error_feedback = d["error_feedback"].cast<bool>();
+    q2.residual_dtype = parse_dtype(d["residual_dtype"].cast<std::string>(), "residual_dtype");
+    q2.seed = d["seed"].cast<uint64_t>();
+    q2.piece_numel = d["piece_numel"].cast<int64_t>();
+    return q2;
   }
   GRADCOMP_TORCH_CHECK(codec == "none", "unknown codec '", codec, "'");
   return NoCompression{};
@@ -152,7 +164,11 @@ std::map<uint64_t, std::vector<uint8_t>> residual_map(const py::dict& d) {
 // An FSDP collective over `group` with the codec of `options` (Q4 or TopK).
 template <typename Collective>
 std::shared_ptr<Collective> make_fsdp_collective(py::object group, const py::dict& options) {
-  const EngineOptions o = call_core([&] { return engine_options(parse_codec(options)); });
+  const EngineOptions o = call_core([&] {
+    const CodecSpec codec = parse_codec(options);
+    check_per_step_codec(codec, "FSDP");
+    return engine_options(codec);
+  });
   GRADCOMP_TORCH_CHECK(o.compress,
                        "FSDP's compressed collectives need a codec (Q4 or TopK); without "
                        "compression use FSDP's own");

@@ -84,8 +84,9 @@ at::Tensor decompress(const at::Tensor& payload_in) {
   Segment seg = whole_segment(out);
   const uint8_t* ptr = payload.data_ptr<uint8_t>();
   Backend& backend = backend_for(payload);
-  if (info.codec == Codec::kQ4) {
+  if (info.codec == Codec::kQ4 || info.codec == Codec::kQ2) {
     Q4DecodeParams d;
+    d.codec = static_cast<uint8_t>(info.codec);
     d.payloads = &ptr;
     d.num_payloads = 1;
     d.payload_bytes = size;

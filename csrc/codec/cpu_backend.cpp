@@ -24,11 +24,21 @@ class CpuBackend final : public Backend {
     std::memcpy(dst, host, bytes);
   }
   void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void q4_encode(const Q4EncodeParams& p) override { cpu::q4_encode(p, threads_); }
+  void q4_encode(const Q4EncodeParams& p) override {
+    if (p.codec == format::kCodecQ2) {
+      cpu::q2_encode(p, threads_);
+    } else {
+      cpu::q4_encode(p, threads_);
+    }
+  }
   void q4_decode(const Q4DecodeParams& p) override {
     Q4DecodeParams q = p;
     q.nonfinite = &nonfinite_;
-    cpu::q4_decode(q, threads_);
+    if (p.codec == format::kCodecQ2) {
+      cpu::q2_decode(q, threads_);
+    } else {
+      cpu::q4_decode(q, threads_);
+    }
   }
   void topk_encode(const TopKEncodeParams& p) override {
     detail::check_params(p, "top-k encode");

@@ -14,6 +14,7 @@ using format::PayloadHeader;
 
 void q4_encode(const Q4EncodeParams& p, int num_threads) {
   ::gradcomp::detail::check_params(p, "q4 encode");
+  GRADCOMP_CHECK(p.codec == format::kCodecQ4, "q4 encode: params are for codec " << int(p.codec));
   const PayloadHeader h = format::make_q4_header(p.numel, p.block_size, p.dtype, p.stochastic);
   format::write_header(p.payload, h);
   float* scales = reinterpret_cast<float*>(p.payload + kPayloadHeaderBytes);
@@ -81,6 +82,7 @@ void q4_encode(const Q4EncodeParams& p, int num_threads) {
 
 void q4_decode(const Q4DecodeParams& p, int num_threads) {
   ::gradcomp::detail::check_params(p, "q4 decode");
+  GRADCOMP_CHECK(p.codec == format::kCodecQ4, "q4 decode: params are for codec " << int(p.codec));
   detail::validate_payloads(
       p.payloads, p.num_payloads, p.payload_bytes, format::kCodecQ4, [&](int) { return p.numel; },
       p.block_size, math::kDtypeF32, "q4 decode");

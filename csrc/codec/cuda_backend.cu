@@ -74,6 +74,12 @@ class CudaBackend final : public Backend {
     if (owns_stream_) cudaStreamDestroy(stream_);
   }
   bool is_cuda() const override { return true; }
+  // The CPU backend is q2's reference; kernels come once a device has run them against it.
+  static void refuse_q2(uint8_t codec) {
+    GRADCOMP_CHECK(codec != format::kCodecQ2,
+                   "Q2 has no CUDA kernels yet: use the CPU backend (DiLoCo's outer gradients on "
+                   "host memory) or Q4");
+  }
   void* allocate(size_t bytes) override {
     void* p = nullptr;
     GRADCOMP_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 16 : bytes));
@@ -103,6 +109,7 @@ class CudaBackend final : public Backend {
   }
 
   void q4_encode(const Q4EncodeParams& p) override {
+    refuse_q2(p.codec);
     check_params(p, "q4 encode");
     Q4EncodeParams d = p;
     d.segments_host = p.segments;
@@ -112,6 +119,7 @@ class CudaBackend final : public Backend {
     GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
   void q4_decode(const Q4DecodeParams& p) override {
+    refuse_q2(p.codec);
     check_params(p, "q4 decode");
     Q4DecodeParams d = p;
     d.segments_host = p.segments;
@@ -159,6 +167,7 @@ class CudaBackend final : public Backend {
     GRADCOMP_CUDA_CHECK(kernels::run_topk_mask(p, stream_));
   }
   void check_payloads(const PayloadCheckParams& p) override {
+    refuse_q2(p.codec);
     check_params(p, "payload check");
     const size_t ptr_bytes = align(sizeof(void*) * p.num_payloads);
     const size_t numel_bytes = align(sizeof(int64_t) * p.num_payloads);

@@ -21,8 +21,8 @@ using detail::topk_capacity_at;
 void CompressedAllreduce::post_q4_one_phase(Bucket& b, InFlight& f, const Segment* segments,
                                             int num_segments) {
   const uint8_t code = static_cast<uint8_t>(f.dtype);
-  Q4EncodeParams e = q4_encode_params(segments, num_segments, code, 0, b.numel, config_.q4,
-                                      rng(b, 0), b.send.get());
+  Q4EncodeParams e =
+      q4_encode_params(segments, num_segments, code, 0, b.numel, config_, rng(b, 0), b.send.get());
   set_residuals(e, b.residual, b, 0);
   backend_.q4_encode(e);
   f.rest = InFlight::Rest::kQ4OnePhase;
@@ -33,7 +33,7 @@ void CompressedAllreduce::finish_q4_one_phase(Bucket& b, InFlight& f) {
   const int world = comm_.world_size();
   wait_tickets(f);
   const std::vector<const uint8_t*> from = slots(b.gathered, b.slot_bytes, world);
-  backend_.q4_decode(q4_decode_params(from.data(), world, b.slot_bytes, b.numel, config_.q4,
+  backend_.q4_decode(q4_decode_params(from.data(), world, b.slot_bytes, b.numel, config_,
                                       f.segments.data(), static_cast<int>(f.segments.size()),
                                       static_cast<uint8_t>(f.dtype), 0, static_cast<float>(world)));
 }

@@ -33,6 +33,10 @@ CompressedAllreduce::CompressedAllreduce(Communicator& comm, Backend& backend,
   config_.validate();
   GRADCOMP_CHECK(comm.device_memory() == backend.is_cuda(),
                  "communicator and backend disagree on host versus device memory");
+  // Refused here, before any bucket, rather than at the first encode (the backend refuses too).
+  GRADCOMP_CHECK(config_.codec != Codec::kQ2 || !backend.is_cuda(),
+                 "Q2 has no CUDA kernels yet: use the CPU backend (DiLoCo's outer gradients on "
+                 "host memory) or Q4");
   pending_.seed = config_.seed;
   global_rank_ = comm.rank();
 }
@@ -98,15 +102,14 @@ CompressedAllreduce::Bucket& CompressedAllreduce::bucket_for(const Segment* segm
   uint64_t send_bytes = 0, gathered_slot = 0;
   // A top-k bucket first seen during its q4 warm-up needs the two-phase buffers too, until the
   // warm-up ends.
-  const bool two_phase = config_.codec == Codec::kQ4
-                             ? config_.q4_algorithm == Q4Algorithm::kTwoPhase
-                             : topk_sends_q4_at(config_, step_);
+  const bool two_phase = block_codec(config_.codec) ? config_.q4_algorithm == Q4Algorithm::kTwoPhase
+                                                    : topk_sends_q4_at(config_, step_);
   if (two_phase) {
     b->chunk = q4_chunk_size(numel, world, config_.q4.block_size);
     // On a device everything runs in stream order, so pieces would only add launches and calls.
     b->piece = backend_.is_cuda() ? b->chunk : q4_piece_size(config_, numel, world);
     b->pieces = backend_.is_cuda() ? 1 : q4_pieces(config_, numel, world);
-    b->q4_slot_bytes = q4_payload_bytes(b->piece, config_.q4.block_size);
+    b->q4_slot_bytes = block_payload_bytes(config_, b->piece);
     // Piece p's payloads to (or from) every rank lie at slots [p * world, (p + 1) * world).
     send_bytes = gathered_slot = b->q4_slot_bytes * b->pieces;
     send_bytes *= world;
@@ -118,8 +121,8 @@ CompressedAllreduce::Bucket& CompressedAllreduce::bucket_for(const Segment* segm
       }
     }
   }
-  if (config_.codec == Codec::kQ4 && !two_phase) {
-    b->slot_bytes = q4_payload_bytes(numel, config_.q4.block_size);
+  if (block_codec(config_.codec) && !two_phase) {
+    b->slot_bytes = block_payload_bytes(config_, numel);
     send_bytes = gathered_slot = b->slot_bytes;
   } else if (config_.codec == Codec::kTopK) {
     // The largest payload of the schedule: the warm-up's first stage, or the final ratio.

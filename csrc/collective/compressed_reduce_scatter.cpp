@@ -72,6 +72,9 @@ CompressedReduceScatter::CompressedReduceScatter(Communicator& comm, Backend& ba
                                                  const CompressionConfig& config)
     : comm_(comm), backend_(backend), config_(config) {
   config_.validate();
+  GRADCOMP_CHECK(config_.codec != Codec::kQ2,
+                 "the compressed reduce-scatter does not take Q2: Q2 is meant for DiLoCo's outer "
+                 "gradients (use Q4 or TopK)");
   GRADCOMP_CHECK(comm.device_memory() == backend.is_cuda(),
                  "communicator and backend disagree on host versus device memory");
   GRADCOMP_CHECK(config_.codec == Codec::kQ4 ||
@@ -198,8 +201,8 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
     if (config_.codec == Codec::kQ4) {
       math::RngKey key{config_.seed, step, static_cast<uint32_t>(b.id),
                        static_cast<uint32_t>(comm_.rank()), kFirstRowPhase + row};
-      Q4EncodeParams e = detail::q4_encode_params(segments, num_segments, code, 0, b.shard,
-                                                  config_.q4, key, payload);
+      Q4EncodeParams e =
+          detail::q4_encode_params(segments, num_segments, code, 0, b.shard, config_, key, payload);
       if (ef) {
         e.residual_in = b.residual[b.current].get() + roff;
         e.residual_out = b.residual[b.current ^ 1].get() + roff;
@@ -235,9 +238,9 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
     // Every payload is checked before any is decoded: a bad one leaves the output as it was.
     const std::vector<int64_t> sizes(world, b.shard);
     backend_.check_payloads(
-        detail::q4_check_params(from.data(), world, b.slot_bytes, sizes.data(), config_.q4));
-    backend_.q4_decode(detail::q4_decode_params(from.data(), world, b.slot_bytes, b.shard,
-                                                config_.q4, &out, 1, code, 0, r.divisor));
+        detail::q4_check_params(from.data(), world, b.slot_bytes, sizes.data(), config_));
+    backend_.q4_decode(detail::q4_decode_params(from.data(), world, b.slot_bytes, b.shard, config_,
+                                                &out, 1, code, 0, r.divisor));
   } else {
     TopKDecodeParams d;
     d.payloads = from.data();
@@ -280,7 +283,7 @@ std::string CompressedReduceScatter::rejection_naming_rank(const Bucket& b,
   const std::vector<int64_t> sizes(static_cast<size_t>(world), b.shard);
   PayloadCheckParams check;
   if (config_.codec == Codec::kQ4) {
-    check = detail::q4_check_params(from.data(), world, b.slot_bytes, sizes.data(), config_.q4);
+    check = detail::q4_check_params(from.data(), world, b.slot_bytes, sizes.data(), config_);
   } else {
     check.payloads = from.data();
     check.num_payloads = world;

@@ -24,7 +24,7 @@ void TopKRemedies::validate() const {
 }
 
 void CompressionConfig::validate() const {
-  GRADCOMP_CHECK(codec == Codec::kQ4 || codec == Codec::kTopK, "unknown codec " << int(codec));
+  GRADCOMP_CHECK(block_codec(codec) || codec == Codec::kTopK, "unknown codec " << int(codec));
   q4.validate();
   topk.validate();
   remedies.validate();
@@ -36,6 +36,11 @@ void CompressionConfig::validate() const {
   GRADCOMP_CHECK(remedies.momentum == 0.0f || error_feedback,
                  "TopK momentum correction needs error_feedback: the velocity's unsent part is "
                  "what error feedback accumulates");
+}
+
+uint64_t block_payload_bytes(const CompressionConfig& config, int64_t numel) {
+  return config.codec == Codec::kQ2 ? q2_payload_bytes(numel, config.q4.block_size)
+                                    : q4_payload_bytes(numel, config.q4.block_size);
 }
 
 bool topk_sends_q4_at(const CompressionConfig& config, uint32_t step) {
@@ -58,12 +63,12 @@ uint64_t compressed_allreduce_bytes_sent(const CompressionConfig& config, int64_
     return others *
            topk_payload_bytes(topk_capacity_at(config, numel, step), config.topk.value_dtype);
   }
-  if (config.codec == Codec::kQ4 && config.q4_algorithm == Q4Algorithm::kOnePhase) {
-    return others * q4_payload_bytes(numel, config.q4.block_size);
+  if (block_codec(config.codec) && config.q4_algorithm == Q4Algorithm::kOnePhase) {
+    return others * block_payload_bytes(config, numel);
   }
   // Each piece is one all-to-all and one allgather of a payload per rank.
   return 2 * others * static_cast<uint64_t>(q4_pieces(config, numel, world)) *
-         q4_payload_bytes(q4_piece_size(config, numel, world), config.q4.block_size);
+         block_payload_bytes(config, q4_piece_size(config, numel, world));
 }
 
 int64_t q4_piece_size(const CompressionConfig& config, int64_t numel, int world) {
@@ -110,8 +115,8 @@ uint64_t velocity_bytes(const CompressionConfig& config, int64_t numel) {
 }
 
 uint64_t chunk_residual_bytes(const CompressionConfig& config, int64_t numel, int world) {
-  const bool two_phase = config.codec == Codec::kQ4 ? config.q4_algorithm == Q4Algorithm::kTwoPhase
-                                                    : topk_sends_q4_at(config, 0);
+  const bool two_phase = block_codec(config.codec) ? config.q4_algorithm == Q4Algorithm::kTwoPhase
+                                                   : topk_sends_q4_at(config, 0);
   if (!config.error_feedback || !two_phase) return 0;
   return static_cast<uint64_t>(q4_chunk_size(numel, world, config.q4.block_size)) *
          dtype_size(config.residual_dtype);

@@ -132,7 +132,7 @@ void CompressedAllreduce::reduce_hierarchical(Bucket& b, const Segment* segments
 }
 
 bool CompressedAllreduce::pipelines_node_stages(const Bucket& b) const {
-  return node_ != nullptr && !backend_.is_cuda() && config_.codec == Codec::kQ4 &&
+  return node_ != nullptr && !backend_.is_cuda() && block_codec(config_.codec) &&
          config_.q4_algorithm == Q4Algorithm::kTwoPhase && config_.piece_numel != 0 && b.pieces > 1;
 }
 

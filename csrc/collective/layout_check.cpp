@@ -21,7 +21,7 @@ LayoutFingerprint layout_fingerprint(const CompressionConfig& config, uint64_t b
   f.codec = static_cast<uint8_t>(config.codec);
   f.dtype = static_cast<uint8_t>(dtype);
   f.residual_dtype = static_cast<uint8_t>(config.residual_dtype);
-  f.param = config.codec == Codec::kQ4
+  f.param = block_codec(config.codec)
                 ? static_cast<uint32_t>(config.q4.block_size)
                 : static_cast<uint32_t>(topk_capacity(codec_numel, config.topk));
   f.error_feedback = config.error_feedback ? 1 : 0;

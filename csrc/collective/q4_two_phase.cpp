@@ -31,9 +31,9 @@ void CompressedAllreduce::post_q4_two_phase(Bucket& b, InFlight& f, const Segmen
   auto scatter = [&](int p) {
     if (before_piece) before_piece(p);
     for (int c = 0; c < world; ++c) {
-      Q4EncodeParams e = q4_encode_params(source, num_source, source_dtype, b.piece_begin(c, p),
-                                          b.piece_numel(c, p), config_.q4, rng(b, 0),
-                                          b.q4_slot(b.send, p, c, world));
+      Q4EncodeParams e =
+          q4_encode_params(source, num_source, source_dtype, b.piece_begin(c, p),
+                           b.piece_numel(c, p), config_, rng(b, 0), b.q4_slot(b.send, p, c, world));
       set_residuals(e, b.residual, b, e.begin);
       backend_.q4_encode(e);
     }
@@ -51,11 +51,11 @@ void CompressedAllreduce::post_q4_two_phase(Bucket& b, InFlight& f, const Segmen
     const int64_t mine = b.piece_numel(rank, p);
     std::vector<const uint8_t*> from(world);
     for (int w = 0; w < world; ++w) from[w] = b.q4_slot(b.recv, p, w, world);
-    backend_.q4_decode(q4_decode_params(from.data(), world, slot_bytes, mine, config_.q4, &work, 1,
+    backend_.q4_decode(q4_decode_params(from.data(), world, slot_bytes, mine, config_, &work, 1,
                                         math::kDtypeF32, b.piece_begin(rank, p), 1.0f));
     uint8_t* send = b.q4_slot(b.send, p, 0, world);
     Q4EncodeParams e = q4_encode_params(&work, 1, math::kDtypeF32, b.piece_begin(rank, p), mine,
-                                        config_.q4, rng(b, 1), send);
+                                        config_, rng(b, 1), send);
     set_residuals(e, b.chunk_residual, b, p * b.piece);
     backend_.q4_encode(e);
     uint8_t* into = b.q4_slot(b.gathered, p, 0, world);
@@ -89,7 +89,7 @@ void CompressedAllreduce::check_q4_two_phase(Bucket& b, InFlight& f) {
       sizes[w] = b.piece_numel(w, p);
     }
     backend_.check_payloads(
-        detail::q4_check_params(payloads.data(), world, b.q4_slot_bytes, sizes.data(), config_.q4));
+        detail::q4_check_params(payloads.data(), world, b.q4_slot_bytes, sizes.data(), config_));
   }
 }
 
@@ -102,7 +102,7 @@ void CompressedAllreduce::decode_q4_two_phase(Bucket& b, InFlight& f,
     for (int w = 0; w < world; ++w) {
       const uint8_t* payload = b.q4_slot(b.gathered, p, w, world);
       backend_.q4_decode(q4_decode_params(&payload, 1, b.q4_slot_bytes, b.piece_numel(w, p),
-                                          config_.q4, f.segments.data(), num_segments, code,
+                                          config_, f.segments.data(), num_segments, code,
                                           b.piece_begin(w, p), static_cast<float>(world)));
     }
     if (after_piece) after_piece(p);

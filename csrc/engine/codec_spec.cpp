@@ -32,12 +32,27 @@ EngineOptions engine_options(const CodecSpec& codec) {
     c.remedies.clip_norm = topk->clip_norm;
     c.piece_numel = topk->piece_numel;
     c.kernels = topk->kernels;
+  } else if (const Q2* q2 = std::get_if<Q2>(&codec)) {
+    c.codec = Codec::kQ2;
+    c.q4.block_size = q2->block_size;
+    c.q4.rounding = q2->rounding;
+    c.error_feedback = q2->error_feedback;
+    c.residual_dtype = q2->residual_dtype;
+    c.seed = q2->seed;
+    c.piece_numel = q2->piece_numel;
   } else {
     o.compress = false;
     c.error_feedback = false;
   }
   if (o.compress) c.validate();
   return o;
+}
+
+void check_per_step_codec(const CodecSpec& codec, const char* front_end) {
+  GRADCOMP_CHECK(!std::holds_alternative<Q2>(codec),
+                 front_end << " does not take Q2: Q2 is meant for DiLoCo's outer gradients "
+                              "(gradcomp::DiLoCo, gradcomp.torch.diloco); its accuracy in "
+                              "per-step training is not measured. Use Q4");
 }
 
 std::string adaptive_optimizer_warning(const CodecSpec& codec) {
@@ -55,6 +70,7 @@ std::string adaptive_optimizer_warning(const CodecSpec& codec) {
 const char* codec_spec_name(const CodecSpec& codec) {
   if (std::holds_alternative<Q4>(codec)) return "q4";
   if (std::holds_alternative<TopK>(codec)) return "topk";
+  if (std::holds_alternative<Q2>(codec)) return "q2";
   return "none";
 }
 

@@ -11,6 +11,15 @@ uint64_t q4_payload_bytes(int64_t numel, int block_size) {
       static_cast<uint64_t>(numel), static_cast<uint32_t>(block_size), 0, true));
 }
 
+uint64_t q2_payload_bytes(int64_t numel, int block_size) {
+  GRADCOMP_CHECK(numel >= 0, "q2 element count must be >= 0, got " << numel);
+  GRADCOMP_CHECK(
+      math::q2_block_size_valid(static_cast<uint32_t>(block_size)),
+      "q2 block size " << block_size << ": block size must be a power of two in [16, 256]");
+  return format::payload_bytes_of(format::make_q2_header(
+      static_cast<uint64_t>(numel), static_cast<uint32_t>(block_size), 0, true));
+}
+
 uint64_t topk_payload_bytes(int64_t capacity, DType value_dtype) {
   GRADCOMP_CHECK(capacity >= 0 && capacity <= kTopKMaxNumel,
                  "top-k capacity must be in [0, 2^31), got " << capacity);
@@ -59,13 +68,19 @@ PayloadInfo inspect_payload(const uint8_t* payload, uint64_t size) {
                                      << format::kFormatVersion << ")");
   GRADCOMP_CHECK(h.checksum == format::header_checksum(h),
                  "payload: " << payload_status_message(format::kBadChecksum));
-  GRADCOMP_CHECK(h.codec == format::kCodecQ4 || h.codec == format::kCodecTopK,
-                 "payload: unknown codec " << int(h.codec));
+  GRADCOMP_CHECK(
+      h.codec == format::kCodecQ4 || h.codec == format::kCodecTopK || h.codec == format::kCodecQ2,
+      "payload: unknown codec " << int(h.codec));
   GRADCOMP_CHECK(math::dtype_valid(h.dtype) && math::dtype_valid(h.value_dtype),
                  "payload: " << payload_status_message(format::kBadDtype));
   if (h.codec == format::kCodecQ4) {
     GRADCOMP_CHECK(math::q4_block_size_valid(h.param),
                    "payload: q4 block size " << h.param << " is invalid");
+    GRADCOMP_CHECK(h.numel < (uint64_t{1} << 62),
+                   "payload: element count " << h.numel << " is invalid");
+  } else if (h.codec == format::kCodecQ2) {
+    GRADCOMP_CHECK(math::q2_block_size_valid(h.param),
+                   "payload: q2 block size " << h.param << " is invalid");
     GRADCOMP_CHECK(h.numel < (uint64_t{1} << 62),
                    "payload: element count " << h.numel << " is invalid");
   } else {

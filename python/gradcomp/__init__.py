@@ -1,6 +1,6 @@
 """gradcomp: compressed gradient communication for data-parallel PyTorch training.
 
-Codec specs (``Q4``, ``TopK``, ``NoCompression``) describe what a hook does; ``compress`` and
+Codec specs (``Q4``, ``TopK``, ``Q2`` (DiLoCo's outer gradients), ``NoCompression``) describe what a hook does; ``compress`` and
 ``decompress`` encode one tensor into a gradcomp payload and back. The DDP hook is
 ``gradcomp.torch.register`` (or the standard route, ``gradcomp.torch.comm_hook``).
 """
@@ -10,9 +10,9 @@ Codec specs (``Q4``, ``TopK``, ``NoCompression``) describe what a hook does; ``c
 from ._torch_compat import check_built_for_installed_torch
 
 check_built_for_installed_torch()
-from .codecs import NoCompression, Q4, TopK, compress, decompress  # noqa: E402
+from .codecs import NoCompression, Q2, Q4, TopK, compress, decompress  # noqa: E402
 from . import _C  # noqa: E402
 
-__all__ = ["Q4", "TopK", "NoCompression", "compress", "decompress", "with_cuda"]
+__all__ = ["Q4", "TopK", "Q2", "NoCompression", "compress", "decompress", "with_cuda"]
 
 with_cuda: bool = bool(_C.with_cuda)

@@ -1,4 +1,4 @@
-"""Codec specs (``Q4``, ``TopK``, ``NoCompression``) and standalone ``compress`` / ``decompress``."""
+"""Codec specs (``Q4``, ``TopK``, ``Q2``, ``NoCompression``) and standalone ``compress`` / ``decompress``."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,7 +7,7 @@ import torch
 
 from . import _C  # registers torch.ops.gradcomp.*
 
-__all__ = ["Q4", "TopK", "NoCompression", "compress", "decompress"]
+__all__ = ["Q4", "TopK", "Q2", "NoCompression", "compress", "decompress"]
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -162,6 +162,49 @@ class TopK:
 
 
 @dataclasses.dataclass(frozen=True)
+class Q2:
+    """2-bit block quantization with error feedback, for DiLoCo's outer gradients (``gradcomp.torch.diloco``).
+
+    Four levels ``{-1.5, -0.5, 0.5, 1.5} * d`` per ``block_size`` elements, ``d`` a bfloat16 step: about 2.25 bits
+    per element at the default block size of 64, scales included. ``rounding``: "stochastic" (unbiased, default)
+    or "nearest". ``error_feedback`` keeps what rounding dropped for the next round; ``residual_dtype`` is
+    torch.float32 or torch.bfloat16; ``piece_numel`` as Q4's. CPU only for now (a CUDA model is refused by name),
+    and only DiLoCo takes it: its accuracy in per-step training (the DDP hook, FSDP) is not measured.
+    """
+
+    block_size: int = 64
+    rounding: str = "stochastic"
+    error_feedback: bool = True
+    residual_dtype: torch.dtype = torch.float32
+    seed: int = 0
+    piece_numel: int = _C.q4_default_piece_numel
+
+    def __post_init__(self):
+        sizes = _C.q4_block_sizes  # q2 blocks follow q4's rule
+        _check(isinstance(self.block_size, int) and not isinstance(self.block_size, bool)
+               and self.block_size in sizes,
+               f"Q2 block_size must be one of {', '.join(map(str, sizes))}, got {self.block_size!r}")
+        _check(self.rounding in ("stochastic", "nearest"),
+               f"Q2 rounding must be 'stochastic' or 'nearest', got {self.rounding!r}")
+        _check(isinstance(self.error_feedback, bool), "Q2 error_feedback must be a bool")
+        _dtype_name(self.residual_dtype, "Q2 residual_dtype", (torch.float32, torch.bfloat16))
+        _check_seed(self.seed)
+        _check_piece_numel(self.piece_numel, "Q2")
+
+    def _options(self) -> dict:
+        return {"codec": "q2", "block_size": self.block_size, "rounding": self.rounding,
+                "error_feedback": self.error_feedback, "residual_dtype": _DTYPE_NAMES[self.residual_dtype],
+                "seed": self.seed, "piece_numel": self.piece_numel}
+
+
+def refuse_q2(codec, front_end: str) -> None:
+    """Per-step front ends refuse Q2 by name (the core does too)."""
+    if isinstance(codec, Q2):
+        raise ValueError(f"{front_end} does not take gradcomp.Q2: Q2 is meant for DiLoCo's outer gradients "
+                         f"(gradcomp.torch.diloco); its accuracy in per-step training is not measured. Use gradcomp.Q4")
+
+
+@dataclasses.dataclass(frozen=True)
 class NoCompression:
     """Plain allreduce through gradcomp's hook path, for A/B comparisons."""
 
@@ -180,7 +223,7 @@ def compress(tensor: torch.Tensor, codec=None, *, step: int = 0) -> torch.Tensor
     if isinstance(codec, TopK):
         return torch.ops.gradcomp.topk_compress(tensor.reshape(-1), float(codec.ratio), codec.exact,
                                                 codec.value_dtype)
-    raise ValueError(f"compress needs a Q4 or TopK codec, got {codec!r}")
+    raise ValueError(f"compress needs a Q4 or TopK codec (Q2 has no standalone compress yet), got {codec!r}")
 
 
 def decompress(payload: torch.Tensor) -> torch.Tensor:

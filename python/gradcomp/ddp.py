@@ -21,7 +21,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _C
 from ._torch_compat import guard_against_compiled_autograd
-from .codecs import NoCompression, Q4, TopK
+from .codecs import NoCompression, Q4, TopK, refuse_q2
 
 __all__ = ["register", "Hook", "HookState", "comm_hook", "check_optimizer", "node_groups"]
 
@@ -43,6 +43,7 @@ def _worker_cpus(worker_cpus) -> str:
 
 def _options(codec, timeout=None, fault=None, worker_cpus="auto") -> dict:
     codec = Q4() if codec is None else codec
+    refuse_q2(codec, "the DDP hook")
     if not isinstance(codec, (Q4, TopK, NoCompression)):
         raise ValueError(f"codec must be gradcomp.Q4, gradcomp.TopK or gradcomp.NoCompression, got {codec!r}")
     if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)

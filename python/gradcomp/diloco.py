@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from .codecs import NoCompression, Q4, TopK
+from .codecs import NoCompression, Q2, Q4, TopK
 from .ddp import node_groups
 
 __all__ = ["diloco", "DiLoCo"]
@@ -33,8 +33,9 @@ class DiLoCo:
     def __init__(self, params, optimizer=None, codec=None, *, inner_steps=100, outer_lr=0.7, outer_momentum=0.9,
                  nesterov=True, fragments=1, process_group=None, local_world_size=None, timeout=None):
         codec = Q4() if codec is None else codec
-        if isinstance(codec, NoCompression) or not isinstance(codec, (Q4, TopK)):
-            raise ValueError(f"gradcomp DiLoCo sends outer gradients compressed: pass gradcomp.Q4 or gradcomp.TopK, "
+        if isinstance(codec, NoCompression) or not isinstance(codec, (Q4, Q2, TopK)):
+            raise ValueError(f"gradcomp DiLoCo sends outer gradients compressed: pass gradcomp.Q4, gradcomp.Q2 or "
+                             f"gradcomp.TopK, "
                              f"got {codec!r}")
         _positive_int("inner_steps", inner_steps)
         _positive_int("fragments", fragments)

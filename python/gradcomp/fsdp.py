@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from . import _C
 from ._torch_compat import fsdp_reduce_scatter_api, premul_factor
-from .codecs import NoCompression, Q4, TopK
+from .codecs import NoCompression, Q4, TopK, refuse_q2
 from .ddp import check_optimizer
 
 __all__ = ["fsdp", "FsdpHook"]
@@ -62,6 +62,7 @@ class FsdpHook:
 
     def __init__(self, codec, timeout=None):
         codec = Q4() if codec is None else codec
+        refuse_q2(codec, "gradcomp.torch.fsdp")
         if isinstance(codec, NoCompression) or not isinstance(codec, (Q4, TopK)):
             raise ValueError(f"gradcomp.torch.fsdp takes gradcomp.Q4 or gradcomp.TopK, got {codec!r} (without "
                              f"compression, FSDP's own reduce-scatter is the one to use)")

@@ -149,6 +149,57 @@ uint64_t collective_corpus_hash() {
   return h.value();
 }
 
+// q2 (issue 36): its codec corpus, and its two-phase and one-phase allreduce at W = 2 and 3.
+uint64_t q2_corpus_hash() {
+  Fnv64 h;
+  uint32_t seed = 7;
+  for (DType dtype : kDtypes) {
+    for (int64_t n : kLengths) {
+      for (int block : {16, 64, 256}) {
+        for (bool stochastic : {true, false}) {
+          HostTensor x = corpus_tensor(dtype, n, seed++, block == 64);
+          const std::vector<float> r = testing::normal_floats(n, seed++, 0.05f);
+          auto enc = testing::q2_encode_tensor(x, block, stochastic, {77, 3, 9, 2, 1}, r, true);
+          h.add(enc.payload);
+          h.add(enc.residual);
+          HostTensor other = corpus_tensor(dtype, n, seed++, false);
+          auto enc2 = testing::q2_encode_tensor(other, block, stochastic, {77, 3, 9, 3, 0});
+          for (DType out : kDtypes)
+            h.add(testing::q2_decode_payloads({&enc.payload, &enc2.payload}, n, block, out, 2.0f)
+                      .bytes);
+        }
+      }
+    }
+  }
+  for (Q4Algorithm algorithm : {Q4Algorithm::kTwoPhase, Q4Algorithm::kOnePhase}) {
+    CompressionConfig config;
+    config.codec = Codec::kQ2;
+    config.q4_algorithm = algorithm;
+    config.seed = 99;
+    for (int world : {2, 3}) {
+      InProcessGroup group(world);
+      std::vector<std::vector<uint8_t>> results(world);
+      std::vector<std::thread> threads;
+      for (int rank = 0; rank < world; ++rank) {
+        threads.emplace_back([&, rank] {
+          auto backend = make_cpu_backend();
+          CompressedAllreduce engine(group.communicator(rank), *backend, config);
+          for (uint32_t step = 0; step < 3; ++step) {
+            HostTensor a = corpus_tensor(DType::kFloat32, 3001, 10 * step + rank, false);
+            Segment seg = a.segment();
+            engine.allreduce(&seg, 1, DType::kFloat32, 5);
+            engine.advance_step();
+            results[rank].insert(results[rank].end(), a.bytes.begin(), a.bytes.end());
+          }
+        });
+      }
+      for (auto& t : threads) t.join();
+      for (int rank = 0; rank < world; ++rank) h.add(results[rank]);
+    }
+  }
+  return h.value();
+}
+
 // A change of either value means some payload byte, residual or averaged gradient changed. The
 // collective corpus was recorded before the remodel of the element math, backends and engine
 // (issue 8) and has not changed since; the codec corpus was recorded again for wire format v2,
@@ -157,6 +208,8 @@ uint64_t collective_corpus_hash() {
 // host passing on x86's NaNs; before: 0x8a4363f04d90acc4 and 0xa7d7395b468dcd14).
 constexpr uint64_t kCodecCorpusHash = 0x5faa045ad9890be9ull;
 constexpr uint64_t kCollectiveCorpusHash = 0xe20bb6b5a09d3644ull;
+// Recorded when q2 came (2026-12-06); a change means a q2 payload byte or mean changed.
+constexpr uint64_t kQ2CorpusHash = 0x960a4100bbe4b4fdull;
 
 TEST(PayloadHash, CodecCorpusIsUnchangedWithEveryInstructionSet) {
   const cpu::Isa chosen = cpu::active_isa();
@@ -167,6 +220,11 @@ TEST(PayloadHash, CodecCorpusIsUnchangedWithEveryInstructionSet) {
     EXPECT_EQ(hash, kCodecCorpusHash) << cpu::isa_name(isa) << ": " << std::hex << hash;
   }
   cpu::set_active_isa(chosen);
+}
+
+TEST(PayloadHash, Q2CorpusIsUnchanged) {
+  const uint64_t hash = q2_corpus_hash();
+  EXPECT_EQ(hash, kQ2CorpusHash) << std::hex << hash;
 }
 
 TEST(PayloadHash, CollectiveCorpusIsUnchanged) {

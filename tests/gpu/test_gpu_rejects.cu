@@ -32,5 +32,19 @@ TEST(GpuRejects, CudaBackendRefusesWhatTheCpuBackendRefusesWithTheSameMessage) {
   cudaFree(d_workspace);
 }
 
+TEST(GpuRejects, Q2IsRefusedByNameOnCuda) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device on this machine";
+  auto gpu = cuda::make_cuda_backend();
+  Q4EncodeParams e;
+  e.codec = format::kCodecQ2;
+  try {
+    gpu->q4_encode(e);
+    ADD_FAILURE() << "the CUDA backend took a q2 encode";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("Q2 has no CUDA kernels yet"), std::string::npos)
+        << err.what();
+  }
+}
+
 }  // namespace
 }  // namespace gradcomp

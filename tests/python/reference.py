@@ -1,4 +1,4 @@
-"""An independent pure-PyTorch implementation of gradcomp's q4 two-phase and top-k algorithms.
+"""An independent pure-PyTorch implementation of gradcomp's q4 (and q2) two-phase and top-k algorithms.
 
 Written from docs/algorithms.md and docs/format.md, sharing no code with the library, so that the
 hook's results can be checked bit for bit.
@@ -76,12 +76,47 @@ def q4_encode(acc: torch.Tensor, residual: torch.Tensor, first: int, block: int,
     return decoded, new_residual
 
 
+def q2_encode(acc: torch.Tensor, residual: torch.Tensor, first: int, block: int, stochastic: bool,
+              seed: int, step: int, bucket: int, rank: int, phase: int):
+    """q2 (docs/algorithms.md): the step d is the smallest bfloat16 with 1.5 d >= absmax; codes c in 0..3 stand
+    for (c - 1.5) d; u = x / d + 1.5 rounds up with probability frac(u), or to nearest with ties away from 0."""
+    n = acc.numel()
+    nb = -(-n // block)
+    pad = torch.zeros(nb * block - n, dtype=torch.float32)
+    absmax = abs_bits(torch.cat([acc, pad])).view(nb, block).max(dim=1).values if n > 0 else \
+        torch.zeros(0, dtype=torch.int64)
+    a = absmax.to(torch.int32).view(torch.float32)
+    d = ((a / 1.5).view(torch.int32).to(torch.int64) + 0xFFFF) & ~0xFFFF
+    step_val = torch.where(absmax == 0, torch.zeros_like(d), d).to(torch.int32).view(torch.float32)
+    step_val = torch.where(absmax >= 0x7F800000, torch.full_like(step_val, float("nan")), step_val)
+    per_elem = step_val.repeat_interleave(block)[:n]
+    positive = per_elem > 0
+    safe = torch.where(positive, per_elem, torch.ones_like(per_elem))
+    u = (acc / safe + 1.5).clamp(0.0, 3.0)
+    fl = u.trunc()
+    frac = u - fl
+    c = fl.to(torch.int64)
+    if stochastic:
+        r16 = random16(torch.arange(first, first + n, dtype=torch.int64), seed, step, bucket, rank, phase)
+        bar = r16.to(torch.float32) * (1.0 / 65536.0)
+    else:
+        bar = torch.where(c >= 1, torch.full_like(frac, 0.49999997), torch.full_like(frac, 0.5))
+    c = torch.clamp(c + (bar < frac).to(torch.int64), max=3)
+    c = torch.where(positive, c, torch.full_like(c, 2))
+    decoded = (c.to(torch.float32) - 1.5) * per_elem
+    finite_block = (absmax < 0x7F800000).repeat_interleave(block)[:n]
+    new_residual = torch.where(finite_block, acc - decoded, residual)
+    return decoded, new_residual
+
+
 class Q4TwoPhase:
-    """Keeps every rank's residuals; step() returns the averaged bucket all ranks end with."""
+    """Keeps every rank's residuals; step() returns the averaged bucket all ranks end with. ``encode``:
+    q4_encode, or q2_encode for q2's two-phase (the same chunks, keys and residuals)."""
 
     def __init__(self, world: int, n: int, block: int = 64, stochastic: bool = True, seed: int = 0,
-                 key_ranks=None):
+                 key_ranks=None, encode=q4_encode):
         self.world, self.n, self.block, self.stochastic, self.seed = world, n, block, stochastic, seed
+        self.encode = encode
         # The rank each member's random bits are keyed by: its place, or (across nodes) its global rank.
         self.keys = list(range(world)) if key_ranks is None else list(key_ranks)
         self.chunk = max(block, -(-(-(-n // world)) // block) * block)
@@ -99,7 +134,7 @@ class Q4TwoPhase:
             for c in range(self.world):
                 lo, hi = self._range(c)
                 acc = grads[w][lo:hi] + self.res1[w][lo:hi]
-                dec, r = q4_encode(acc, self.res1[w][lo:hi], c * self.chunk, self.block, self.stochastic,
+                dec, r = self.encode(acc, self.res1[w][lo:hi], c * self.chunk, self.block, self.stochastic,
                                    self.seed, step, bucket, self.keys[w], 0)
                 decoded[w][c] = dec
                 new_res[lo:hi] = r
@@ -111,7 +146,7 @@ class Q4TwoPhase:
             for w in range(self.world):
                 total = total + decoded[w][c]
             acc = total + self.res2[c][: hi - lo]
-            dec, r = q4_encode(acc, self.res2[c][: hi - lo], c * self.chunk, self.block, self.stochastic,
+            dec, r = self.encode(acc, self.res2[c][: hi - lo], c * self.chunk, self.block, self.stochastic,
                                self.seed, step, bucket, self.keys[c], 1)
             self.res2[c][: hi - lo] = r
             out[lo:hi] = dec / float(self.world)

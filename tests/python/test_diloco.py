@@ -14,6 +14,24 @@ def test_diloco_equals_the_reference_bit_for_bit(world):
     assert all(s["rounds"] == 3 for s in stats), stats
 
 
+def test_q2_outer_gradients_equal_the_reference_bit_for_bit():
+    """gradcomp.Q2 reaches DiLoCo: two-phase q2 with error feedback, against reference.py's q2_encode."""
+    stats = launch("workers_diloco", "trains_like_the_reference", 2, "q2")
+    assert all(s["rounds"] == 3 for s in stats), stats
+
+
+def test_q2_is_refused_by_the_per_step_front_ends_by_name():
+    from gradcomp.ddp import _options
+    from gradcomp.fsdp import FsdpHook
+    for make in (lambda: _options(gradcomp.Q2()), lambda: FsdpHook(gradcomp.Q2())):
+        with pytest.raises(ValueError, match="does not take gradcomp.Q2: Q2 is meant for DiLoCo"):
+            make()
+    with pytest.raises(ValueError, match="Q2 block_size"):
+        gradcomp.Q2(block_size=48)
+    with pytest.raises(ValueError, match="Q2 has no standalone compress"):
+        gradcomp.compress(torch.zeros(8), gradcomp.Q2())
+
+
 def test_streaming_fragments_sync_staggered_and_equal_the_reference():
     stats = launch("workers_diloco", "trains_like_the_reference", 2, "fragments")
     assert all(s["rounds"] == 6 for s in stats), stats  # 2 fragments over 13 steps of H = 4

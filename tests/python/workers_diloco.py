@@ -10,7 +10,7 @@ import torch.nn as nn
 
 import gradcomp
 import gradcomp.torch as gt
-from reference import Q4TwoPhase
+from reference import Q4TwoPhase, q2_encode, q4_encode
 from workers_hierarchical import HierarchicalReference
 
 SEED = 7
@@ -44,8 +44,9 @@ class Reference:
     outer gradient (all-gathered) goes through the reference q4 allreduce (every rank's residuals kept
     here; or the hierarchical reference), then Nesterov SGD written as separate roundings."""
 
-    def __init__(self, rank, world, split, inner_steps, lr=0.7, mu=0.9, local=1, dev="cpu"):
+    def __init__(self, rank, world, split, inner_steps, lr=0.7, mu=0.9, local=1, dev="cpu", q2=False):
         self.rank, self.world, self.split, self.h, self.lr, self.mu = rank, world, split, inner_steps, lr, mu
+        self.q2 = q2
         self.local, self.dev = local, dev
         self.model = make_model(0).to(dev)  # rank 0's model: what the broadcast gives every rank
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
@@ -69,7 +70,7 @@ class Reference:
         everyone = [torch.empty(n) for _ in range(self.world)]
         dist.all_gather(everyone, g)
         if f not in self.reducers:
-            self.reducers[f] = Q4TwoPhase(self.world, n, seed=SEED)
+            self.reducers[f] = Q4TwoPhase(self.world, n, seed=SEED, encode=q2_encode if self.q2 else q4_encode)
         return self.reducers[f].step(everyone, self.rounds[f], f)
 
     def step(self, t):
@@ -92,8 +93,8 @@ class Reference:
 
 
 def trains_like_the_reference(rank, world, variant, device="cpu"):
-    """Several rounds of DiLoCo with q4 outer gradients equal the plain-PyTorch reference bit for bit, on
-    every rank, and every rank holds the same parameters after a sync."""
+    """Several rounds of DiLoCo with q4 outer gradients (variant "q2": gradcomp.Q2's) equal the plain-PyTorch
+    reference bit for bit, on every rank, and every rank holds the same parameters after a sync."""
     dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
     h, fragments, local = 3, 1, 1
     if variant == "fragments":
@@ -103,12 +104,14 @@ def trains_like_the_reference(rank, world, variant, device="cpu"):
     model = make_model(rank).to(dev)
     assert rank == 0 or not torch.equal(flat(model), flat(make_model(0))), "the ranks must start apart"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    d = gt.diloco(model, opt, gradcomp.Q4(seed=SEED), inner_steps=h, fragments=fragments, local_world_size=local)
+    q2 = variant == "q2"
+    codec = gradcomp.Q2(seed=SEED) if q2 else gradcomp.Q4(seed=SEED)
+    d = gt.diloco(model, opt, codec, inner_steps=h, fragments=fragments, local_world_size=local)
     assert torch.equal(flat(model), flat(make_model(0))), "DiLoCo did not start every rank from rank 0's model"
     split = d.fragments()
     assert sorted(i for frag in split for i in frag) == list(range(len(list(model.parameters())))), split
     assert len(split) == fragments
-    ref = Reference(rank, world, split, h, local=local, dev=dev)
+    ref = Reference(rank, world, split, h, local=local, dev=dev, q2=q2)
     steps = 3 * h + 1
     for t in range(1, steps + 1):
         inner_step(model, opt, rank, t, dev)  # the optimizer's post-step hook runs DiLoCo's step
@@ -130,7 +133,7 @@ def trains_like_the_reference(rank, world, variant, device="cpu"):
         assert line in text, text
     values = {l.split("{")[0]: float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l and not l.startswith("#")}
     assert values["gradcomp_steps_total"] == steps and values["gradcomp_buckets_total"] == stats["rounds"], values
-    assert 'front_end="diloco"' in text and 'codec="q4"' in text, text
+    assert 'front_end="diloco"' in text and ('codec="q2"' if q2 else 'codec="q4"') in text, text
     return stats
 
 
@@ -215,7 +218,7 @@ def refuses_what_it_cannot_do(rank, world, path):
             problems[name] = str(e)
     assert "group of 2 ranks, this group has 3" in problems.get("world", ""), problems
     assert "replaces DDP" in problems.get("ddp", ""), problems
-    assert "Q4 or gradcomp.TopK" in problems.get("codec", ""), problems
+    assert "gradcomp.Q4, gradcomp.Q2 or gradcomp.TopK" in problems.get("codec", ""), problems
     assert "inner_steps" in problems.get("inner_steps", ""), problems
     assert "outer_momentum must be in [0, 1)" in problems.get("momentum", ""), problems
     # Damaged or foreign states are refused whole, naming what is wrong; the DiLoCo keeps working.

@@ -45,16 +45,33 @@ struct TopK {
   KernelGeneration kernels = KernelGeneration::kDefault;  // CUDA only (types.h)
 };
 
+// 2-bit block quantization with error feedback (docs/algorithms.md), meant for DiLoCo's outer
+// gradients: about 2.25 bits per element at block size 64. CPU backend only (no CUDA kernels
+// yet); its accuracy in per-step training is not measured.
+struct Q2 {
+  int block_size = 64;
+  Rounding rounding = Rounding::kStochastic;
+  bool error_feedback = true;
+  DType residual_dtype = DType::kFloat32;
+  uint64_t seed = 0;
+  int64_t piece_numel = CompressionConfig::kDefaultPieceNumel;  // as Q4's
+};
+
 // A plain averaging allreduce through the same path, for A/B runs.
 struct NoCompression {};
 
-using CodecSpec = std::variant<Q4, TopK, NoCompression>;
+using CodecSpec = std::variant<Q4, TopK, NoCompression, Q2>;
 
 // The engine options a spec stands for; throws Error naming a bad option.
 EngineOptions engine_options(const CodecSpec& codec);
 
-// "q4", "topk" or "none": the codec label of metrics.
+// "q4", "topk", "q2" or "none": the codec label of metrics.
 const char* codec_spec_name(const CodecSpec& codec);
+
+// Throws Error naming Q2 when a per-step front end (`front_end`: the DDP hook, GradSync, FSDP) is
+// given it: Q2 is meant for DiLoCo's outer gradients, and its accuracy in per-step training is
+// not measured.
+void check_per_step_codec(const CodecSpec& codec, const char* front_end);
 
 // What every front end warns when `codec` meets an adaptive optimizer (Adam, AdamW, Adagrad,
 // RMSprop and their kin): top-k's remedies did not hold across models there (docs/benchmarks.md,

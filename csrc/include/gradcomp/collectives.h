@@ -70,6 +70,20 @@ struct CompressionConfig {
   void validate() const;
 };
 
+// Whether a codec sends blocks of scaled codes (q4, q2): the two-phase and one-phase schemes,
+// CompressionConfig::q4's block size and rounding, error feedback per element.
+inline bool block_codec(Codec codec) {
+  return codec == Codec::kQ4 || codec == Codec::kQ2;
+}
+// The wire codec of a configuration's block payloads: q2 for Codec::kQ2, q4 otherwise (top-k's
+// q4 warm-up included).
+inline uint8_t block_wire_codec(const CompressionConfig& config) {
+  return config.codec == Codec::kQ2 ? format::kCodecQ2 : format::kCodecQ4;
+}
+// Bytes of one block payload of `numel` elements under `config` (q4_payload_bytes or
+// q2_payload_bytes).
+uint64_t block_payload_bytes(const CompressionConfig& config, int64_t numel);
+
 // The top-k ratio at `step` under the sparsity warm-up.
 double topk_ratio_at(const CompressionConfig& config, uint32_t step);
 // Whether a top-k configuration sends q4 at `step` (its q4 warm-up).

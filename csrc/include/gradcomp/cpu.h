@@ -29,6 +29,11 @@ void q4_encode(const Q4EncodeParams& params, int num_threads = 1);
 // writes nothing.
 void q4_decode(const Q4DecodeParams& params, int num_threads = 1);
 
+// The q2 codec (params.codec == kCodecQ2), with q4's params structs, checks and validation; one
+// portable loop (no vector paths yet).
+void q2_encode(const Q4EncodeParams& params, int num_threads = 1);
+void q2_decode(const Q4DecodeParams& params, int num_threads = 1);
+
 // Bytes of the top-k workspace (params.workspace) on the CPU: the fp32 sums of numel elements.
 // The CPU codecs take a null workspace and allocate the same amount per call; a Backend does not.
 inline size_t topk_workspace_bytes(int64_t numel) {

@@ -11,6 +11,8 @@ namespace gradcomp {
 
 // Bytes of a q4 payload holding numel elements in blocks of block_size.
 uint64_t q4_payload_bytes(int64_t numel, int block_size);
+// Bytes of a q2 payload holding numel elements in blocks of block_size.
+uint64_t q2_payload_bytes(int64_t numel, int block_size);
 // Bytes of a top-k payload with room for `capacity` entries.
 uint64_t topk_payload_bytes(int64_t capacity, DType value_dtype);
 
@@ -21,8 +23,8 @@ struct PayloadInfo {
   DType value_dtype;
   bool stochastic;
   int64_t numel;
-  uint32_t param;  // q4: block size; top-k: capacity
-  uint64_t count;  // q4: blocks; top-k: entries present
+  uint32_t param;  // q4, q2: block size; top-k: capacity
+  uint64_t count;  // q4, q2: blocks; top-k: entries present
   uint64_t section0_bytes;
   uint64_t section1_bytes;
   uint64_t total_bytes;

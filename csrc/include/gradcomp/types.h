@@ -22,9 +22,11 @@ inline size_t dtype_size(DType d) {
 }
 const char* dtype_name(DType d);
 
-enum class Codec : uint8_t { kQ4 = 1, kTopK = 2 };
+// kQ2: 2-bit codes of q4's blocks, meant for DiLoCo's outer gradients (docs/algorithms.md).
+enum class Codec : uint8_t { kQ4 = 1, kTopK = 2, kQ2 = 3 };
 static_assert(static_cast<uint8_t>(Codec::kQ4) == format::kCodecQ4 &&
-                  static_cast<uint8_t>(Codec::kTopK) == format::kCodecTopK,
+                  static_cast<uint8_t>(Codec::kTopK) == format::kCodecTopK &&
+                  static_cast<uint8_t>(Codec::kQ2) == format::kCodecQ2,
               "Codec values are the codec codes of the wire format");
 enum class Rounding : uint8_t { kStochastic = 0, kNearest = 1 };
 
@@ -66,6 +68,7 @@ namespace detail {
     }                                                                                \
   } while (0)
 
+// Also the options of Codec::kQ2, whose blocks follow the same rule (math::q2_block_size_valid).
 struct Q4Options {
   int block_size = 64;  // math::q4_block_size_valid; docs/algorithms.md explains the default
   Rounding rounding = Rounding::kStochastic;

@@ -453,6 +453,31 @@ PYBIND11_MODULE(_C, m) {
             return ar.allreduce(tensor, bucket);
           },
           py::arg("tensor"), py::arg("bucket"));
+  py::class_<FsdpAllGather, FsdpCollective, std::shared_ptr<FsdpAllGather>>(m, "FsdpAllGather")
+      .def(py::init([](py::object group, const py::dict& options) {
+             gradcomp::Int8Options o;
+             if (options.contains("block_size")) o.block_size = options["block_size"].cast<int>();
+             return std::make_shared<FsdpAllGather>(
+                 group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>(), o, parse_timeout(options));
+           }),
+           py::arg("process_group"), py::arg("options"))
+      .def(
+          "all_gather",
+          [](FsdpAllGather& ag, const at::Tensor& output, const at::Tensor& input,
+             const std::vector<std::pair<std::string, int64_t>>& runs, uint64_t bucket,
+             const std::string& name, bool backward) {
+            std::vector<gradcomp::AllGatherRun> layout;
+            for (const auto& run : runs) {
+              gradcomp::AllGatherRun r;
+              r.dtype = parse_dtype(run.first, "an all-gather run's dtype");
+              r.numel = run.second;
+              layout.push_back(r);
+            }
+            py::gil_scoped_release release;
+            ag.all_gather(output, input, layout, bucket, name, backward);
+          },
+          py::arg("output"), py::arg("input"), py::arg("runs"), py::arg("bucket"), py::arg("name"),
+          py::arg("backward"));
   m.def(
       "fsdp_metrics_text",
       [](const std::vector<std::shared_ptr<FsdpCollective>>& collectives, int rank,

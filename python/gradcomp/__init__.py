@@ -10,9 +10,9 @@ Codec specs (``Q4``, ``TopK``, ``NoCompression``) describe what a hook does; ``c
 from ._torch_compat import check_built_for_installed_torch
 
 check_built_for_installed_torch()
-from .codecs import NoCompression, Q4, TopK, compress, decompress  # noqa: E402
+from .codecs import Int8, NoCompression, Q4, TopK, compress, decompress  # noqa: E402
 from . import _C  # noqa: E402
 
-__all__ = ["Q4", "TopK", "NoCompression", "compress", "decompress", "with_cuda"]
+__all__ = ["Q4", "TopK", "Int8", "NoCompression", "compress", "decompress", "with_cuda"]
 
 with_cuda: bool = bool(_C.with_cuda)

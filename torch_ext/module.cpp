@@ -11,6 +11,7 @@
 #include "ddp_hook.h"
 #include "diloco_state.h"
 #include "fsdp_collectives.h"
+#include "gradcomp/torch.h"
 #include "tensor_params.h"
 
 namespace py = pybind11;
@@ -478,6 +479,24 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("output"), py::arg("input"), py::arg("runs"), py::arg("bucket"), py::arg("name"),
           py::arg("backward"));
+  // The C++ API's gradcomp::Int8AllGather, bound for its tests.
+  py::class_<gradcomp::Int8AllGather, std::shared_ptr<gradcomp::Int8AllGather>>(m, "Int8AllGather")
+      .def(py::init([](py::object group, int block_size) {
+             gradcomp::Int8Options o;
+             o.block_size = block_size;
+             return std::make_shared<gradcomp::Int8AllGather>(
+                 group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>(), o);
+           }),
+           py::arg("process_group"), py::arg("block_size") = 64)
+      .def(
+          "all_gather",
+          [](gradcomp::Int8AllGather& ag, const at::Tensor& output, const at::Tensor& input,
+             const std::string& name) {
+            py::gil_scoped_release release;
+            ag.all_gather(output, input, name);
+          },
+          py::arg("output"), py::arg("input"), py::arg("name") = "parameters")
+      .def("bytes_sent", &gradcomp::Int8AllGather::bytes_sent);
   m.def(
       "fsdp_metrics_text",
       [](const std::vector<std::shared_ptr<FsdpCollective>>& collectives, int rank,

@@ -184,11 +184,29 @@ def two_dtypes_are_fsdps_refusal(rank, world):
     raise AssertionError("FSDP took two dtypes in one module: test the uint8 path bit for bit here")
 
 
+def cpp_api_matches_the_reference(rank, world):
+    """The C++ API (gradcomp::Int8AllGather, bound as _C.Int8AllGather) on a program's own shards: an uneven
+    bf16 shard whose last block is short, the input a row of the output as FSDP passes it."""
+    gather = gradcomp._C.Int8AllGather(dist.group.WORLD, BLOCK)
+    g = torch.Generator().manual_seed(7 + rank)
+    mine = (torch.randn(77, generator=g) * 0.05).to(torch.bfloat16)
+    out = torch.zeros(world * 77, dtype=torch.bfloat16)
+    out[rank * 77:(rank + 1) * 77] = mine
+    gather.all_gather(out, out[rank * 77:(rank + 1) * 77], "my_layer")
+    every = torch.empty(world * 77, dtype=torch.bfloat16)
+    dist.all_gather_into_tensor(every, mine)
+    expected = int8_all_gather(list(every.view(world, -1)), None, BLOCK)
+    assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8))
+    assert gather.bytes_sent() == (world - 1) * (32 + 16 + 80)  # header, 3 scales padded, 77 codes padded
+    return "cpp"
+
+
 def int8_all_gather_cases(rank, world, cases):
     """One launch, several cases in turn (each on a fresh model); "nan" must come last."""
     out = []
     for case in cases:
-        run = {"nan": nan_is_refused, "two_dtypes": two_dtypes_are_fsdps_refusal}.get(case)
+        run = {"nan": nan_is_refused, "two_dtypes": two_dtypes_are_fsdps_refusal,
+               "cpp_api": cpp_api_matches_the_reference}.get(case)
         out.append(run(rank, world) if run else run_case(rank, world, case))
         dist.barrier()
     return out

@@ -5,10 +5,10 @@ model, a custom reduce-scatter (``FSDPModule.set_custom_reduce_scatter``) that s
 reduce-scatter input as a q4 (or top-k) payload and decodes one's own shard in fp32, with an
 error-feedback residual per module. With ``params=gradcomp.Int8()`` it also installs a custom all-gather
 (``FSDPModule.set_custom_all_gather``) that sends each rank's parameter shard as block-scaled int8 and
-decodes every rank's row, its own included, into FSDP's all-gather output. With ``replicate_group=`` (HSDP: shards inside a node, replicas
-across nodes) it installs instead an all-reduce hook (``set_all_reduce_hook``) that averages each shard
-across the replicas through the compressed allreduce, and leaves the reduce-scatter inside the node to
-FSDP. The work is the core's (``CompressedReduceScatter``, ``CompressedAllreduce``); this module only
+decodes every rank's row, its own included, into FSDP's all-gather output. With ``replicate_group=``
+(HSDP: shards inside a node, replicas across nodes) it installs instead an all-reduce hook
+(``set_all_reduce_hook``) that averages each shard across the replicas through the compressed allreduce,
+and leaves the reduce-scatter inside the node to FSDP. The work is the core's (``CompressedReduceScatter``, ``CompressedAllreduce``); this module only
 adapts FSDP's interfaces to it (``CompressedAllGather`` for the weights).
 """
 from __future__ import annotations
@@ -76,6 +76,7 @@ class FsdpHook:
         self._groups = {}
         self._pending = {}
         self._sizes = {}  # the group size of each collective installed, known at install time
+        self._param_options = None  # the int8 all-gather's options (fsdp(params=...)), or None
         self.modules = []
 
     def _collective(self, kind: str, group):

@@ -8,8 +8,8 @@ error-feedback residual per module. With ``params=gradcomp.Int8()`` it also inst
 decodes every rank's row, its own included, into FSDP's all-gather output. With ``replicate_group=``
 (HSDP: shards inside a node, replicas across nodes) it installs instead an all-reduce hook
 (``set_all_reduce_hook``) that averages each shard across the replicas through the compressed allreduce,
-and leaves the reduce-scatter inside the node to FSDP. The work is the core's (``CompressedReduceScatter``, ``CompressedAllreduce``); this module only
-adapts FSDP's interfaces to it (``CompressedAllGather`` for the weights).
+and leaves the reduce-scatter inside the node to FSDP. The work is the core's (``CompressedReduceScatter``,
+``CompressedAllreduce``, ``CompressedAllGather``); this module only adapts FSDP's interfaces to it.
 """
 from __future__ import annotations
 

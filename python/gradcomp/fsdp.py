@@ -263,6 +263,10 @@ def _check_plain_parameters(modules, names) -> None:
     for m in modules:
         for p in m.parameters():
             local = p.to_local() if hasattr(p, "to_local") else p
+            if local.device.type not in ("cpu", "meta"):  # meta: materialized later, checked at the call
+                raise ValueError(f"gradcomp.torch.fsdp(params=...): {names[m]} has parameters on {local.device}; "
+                                 f"the int8 all-gather runs on the CPU only in this version (its CUDA kernels have "
+                                 f"not been written or run on a GPU yet): leave params unset there")
             if hasattr(local, "fsdp_pre_all_gather"):
                 raise ValueError(f"gradcomp.torch.fsdp(params=...): {names[m]} has a parameter of type "
                                  f"{type(local).__name__} with its own fsdp_pre_all_gather (float8 training?); its "

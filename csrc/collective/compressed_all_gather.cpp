@@ -212,12 +212,43 @@ CompressedAllGather::CompressedAllGather(Communicator& comm, Backend& backend,
 
 CompressedAllGather::~CompressedAllGather() = default;
 
+void CompressedAllGather::check_layout(const AllGatherRequest& r) {
+  // FNV-1a over the runs, so that rows of equal size but other dtypes or boundaries differ too.
+  uint64_t runs_hash = 1469598103934665603ull;
+  for (int i = 0; i < r.num_runs; ++i) {
+    for (uint64_t v : {static_cast<uint64_t>(r.runs[i].dtype), uint64_t(r.runs[i].numel)}) {
+      runs_hash = (runs_hash ^ v) * 1099511628211ull;
+    }
+  }
+  const uint64_t mine[4] = {numel_of(r.runs, r.num_runs), static_cast<uint64_t>(r.num_runs),
+                            static_cast<uint64_t>(options_.block_size), runs_hash};
+  const int world = comm_.world_size();
+  std::vector<uint64_t> all(4 * static_cast<size_t>(world));
+  comm_.all_gather(mine, all.data(), sizeof mine);
+  bool agree = true;
+  for (int w = 0; w < world; ++w) agree = agree && std::equal(mine, mine + 4, all.data() + 4 * w);
+  if (!agree) {
+    // Every rank lists every rank's layout, so each raises the same picture of the mismatch.
+    std::ostringstream m;
+    m << "all-gather of " << r.name << " (bucket " << r.bucket_id << ") refused on rank "
+      << comm_.rank() << ": the ranks' layouts differ (";
+    for (int w = 0; w < world; ++w) {
+      m << (w ? "; " : "") << "rank " << w << ": " << all[4 * w] << " elements in "
+        << all[4 * w + 1] << " runs, blocks of " << all[4 * w + 2];
+    }
+    m << ")";
+    GRADCOMP_CHECK(false, m.str());
+  }
+  checked_.insert(r.bucket_id);
+}
+
 void CompressedAllGather::all_gather(const AllGatherRequest& r) {
   const int rank = comm_.rank(), world = comm_.world_size();
   GRADCOMP_CHECK(r.input != nullptr && r.output != nullptr,
                  "all-gather of " << r.name << " (bucket " << r.bucket_id << ") on rank " << rank
                                   << ": null input or output");
   const uint64_t slot = int8_payload_bytes(r.runs, r.num_runs, options_.block_size);
+  if (checked_.count(r.bucket_id) == 0) check_layout(r);
   const uint64_t row_bytes = all_gather_row_bytes(r.runs, r.num_runs);
   if (send_.size() < slot) send_.resize(slot);
   if (recv_.size() < slot * world) recv_.resize(slot * world);

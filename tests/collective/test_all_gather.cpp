@@ -73,14 +73,17 @@ void gather_and_compare(int world, const std::vector<AllGatherRun>& runs, int bl
     r.runs = runs.data();
     r.num_runs = n;
     r.name = "layer";
-    const uint64_t before = comm.bytes_sent();
+    uint64_t before = comm.bytes_sent();
     for (int call = 0; call < 2; ++call) {  // the same shards give the same bytes again
       if (call == 1) std::memcpy(out.data() + row * rank, mine.data(), row);
       ag.all_gather(r);
       EXPECT_EQ(out, expected) << "rank " << rank << " call " << call;
+      // The first call also agrees on the layout: 32 bytes to each other rank.
+      EXPECT_EQ(comm.bytes_sent() - before,
+                compressed_all_gather_bytes_sent(runs.data(), n, block, world) +
+                    (call == 0 ? 32u * (world - 1) : 0u));
+      before = comm.bytes_sent();
     }
-    EXPECT_EQ(comm.bytes_sent() - before,
-              2 * compressed_all_gather_bytes_sent(runs.data(), n, block, world));
   });
 }
 
@@ -136,6 +139,33 @@ TEST(CompressedAllGather, ANonFiniteShardIsRefusedOnEveryRankNamingTheRank) {
   for (const auto& e : errors) {
     EXPECT_NE(e.find("blocks.3 (bucket 7)"), std::string::npos) << e;
     EXPECT_NE(e.find("rank(s) 1 hold NaN or infinity"), std::string::npos) << e;
+  }
+}
+
+TEST(CompressedAllGather, RanksWithOtherLayoutsAreNamedInsteadOfHanging) {
+  const int world = 3;
+  InProcessGroup group(world);
+  std::vector<std::string> errors;
+  run_ranks(
+      group,
+      [&](int rank, Communicator& comm) {
+        auto backend = make_cpu_backend();
+        CompressedAllGather ag(comm, *backend, Int8Options{});
+        const std::vector<AllGatherRun> runs = {{DType::kFloat32, rank == 2 ? 65 : 64}};
+        std::vector<uint8_t> out(all_gather_row_bytes(runs.data(), 1) * world, 0);
+        AllGatherRequest r;
+        r.input = out.data();
+        r.output = out.data();
+        r.runs = runs.data();
+        r.num_runs = 1;
+        r.name = "head";
+        ag.all_gather(r);
+      },
+      &errors);
+  ASSERT_EQ(errors.size(), static_cast<size_t>(world));
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("all-gather of head (bucket 0) refused"), std::string::npos) << e;
+    EXPECT_NE(e.find("rank 2: 65 elements"), std::string::npos) << e;
   }
 }
 

@@ -127,6 +127,13 @@ def run_case(rank, world, case):
         ag = stats["all_gather"]["total"]
         assert ag["bytes_sent"] > 0 and ag["ratio"] > 3.0, ag  # fp32 weights: about 32 / 8.5 bits
         assert stats["reduce_scatter"]["total"]["bytes_sent"] > 0
+        # Checkpoints hold no quantized weights: the model's state is the exact shards, and the hook's
+        # state is the reduce-scatter's alone.
+        assert all(torch.equal(v.to_local(), p.to_local()) for v, p in zip(model.state_dict().values(),
+                                                                             model.parameters()))
+        state = hook.local_state_dict()
+        assert "all_gather" not in state and "reduce_scatter" in state, list(state)
+        hook.load_state_dict(hook.state_dict())
         return {"losses": losses, "ratio": ag["ratio"]}
     before = [p.to_local().clone() for p in model.parameters()]
     x, y = batch(rank, 0)
@@ -197,7 +204,8 @@ def cpp_api_matches_the_reference(rank, world):
     dist.all_gather_into_tensor(every, mine)
     expected = int8_all_gather(list(every.view(world, -1)), None, BLOCK)
     assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8))
-    assert gather.bytes_sent() == (world - 1) * (32 + 16 + 80)  # header, 3 scales padded, 77 codes padded
+    # The layout agreement (32 bytes), then the payload: header, 3 scales padded, 77 codes padded.
+    assert gather.bytes_sent() == (world - 1) * (32 + 32 + 16 + 80)
     return "cpp"
 
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,10 @@ void int8_decode_row(const uint8_t* payload, const AllGatherRun* runs, int num_r
 // then raises the same Error naming the bucket and every such rank, before writing any row, so no
 // rank hangs and none computes with a silently quantized NaN.
 //
+// Layouts: at a bucket's first call the ranks exchange its layout (elements, runs, block size;
+// 32 bytes each) and raise naming the ranks that differ, rather than all-gathering payloads of
+// different sizes (which a transport may hang on).
+//
 // Backends: the CPU backend (host memory). A CUDA backend is refused by name: the int8 kernels are
 // not written yet, and an untested device path is not offered.
 class CompressedAllGather {
@@ -91,7 +96,10 @@ class CompressedAllGather {
  private:
   Communicator& comm_;
   Int8Options options_;
+  void check_layout(const AllGatherRequest& request);
+
   std::vector<uint8_t> send_, recv_;  // reused across calls: the largest row so far
+  std::set<uint64_t> checked_;        // buckets whose layout the ranks agreed on
   double codec_seconds_ = 0.0;
 };
 

@@ -1,5 +1,5 @@
 // gradcomp._C: Python bindings for the DDP hook and its install on DDP's reducer, GradSync, and
-// the FSDP2 reduce-scatter.
+// the FSDP2 collectives (the int8 all-gathers' in all_gather_bindings.cpp).
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/extension.h>
@@ -8,10 +8,10 @@
 #include <cstring>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
+#include "bindings.h"
 #include "ddp_hook.h"
 #include "diloco_state.h"
 #include "fsdp_collectives.h"
-#include "gradcomp/torch.h"
 #include "tensor_params.h"
 
 namespace py = pybind11;
@@ -22,7 +22,6 @@ extern "C" __attribute__((used, visibility("default"))) const char gradcomp_buil
 
 namespace gradcomp {
 namespace torch_ext {
-namespace {
 
 DType parse_dtype(const std::string& name, const char* what) {
   if (name == "float32") return DType::kFloat32;
@@ -31,6 +30,18 @@ DType parse_dtype(const std::string& name, const char* what) {
   GRADCOMP_TORCH_CHECK(false, what, " must be 'float32', 'float16' or 'bfloat16', got '", name,
                        "'");
 }
+
+// The hook's deadline for one collective, "timeout" in seconds (absent or None: the process
+// group's).
+std::chrono::milliseconds parse_timeout(const py::dict& d) {
+  if (!d.contains("timeout") || d["timeout"].is_none()) return std::chrono::milliseconds(0);
+  const double seconds = d["timeout"].cast<double>();
+  GRADCOMP_TORCH_CHECK(seconds > 0 && seconds < 1e7, "timeout must be positive seconds, got ",
+                       seconds);
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+namespace {
 
 // The spec's "kernels" ("default", "v1" or "v2"; absent: "default").
 KernelGeneration parse_kernels(const py::dict& d) {
@@ -78,16 +89,6 @@ CodecSpec parse_codec(const py::dict& d) {
   }
   GRADCOMP_TORCH_CHECK(codec == "none", "unknown codec '", codec, "'");
   return NoCompression{};
-}
-
-// The hook's deadline for one collective, "timeout" in seconds (absent or None: the process
-// group's).
-std::chrono::milliseconds parse_timeout(const py::dict& d) {
-  if (!d.contains("timeout") || d["timeout"].is_none()) return std::chrono::milliseconds(0);
-  const double seconds = d["timeout"].cast<double>();
-  GRADCOMP_TORCH_CHECK(seconds > 0 && seconds < 1e7, "timeout must be positive seconds, got ",
-                       seconds);
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
 // For tests: a transport fault to inject, as a dict of FaultSpec's fields.
@@ -454,49 +455,7 @@ PYBIND11_MODULE(_C, m) {
             return ar.allreduce(tensor, bucket);
           },
           py::arg("tensor"), py::arg("bucket"));
-  py::class_<FsdpAllGather, FsdpCollective, std::shared_ptr<FsdpAllGather>>(m, "FsdpAllGather")
-      .def(py::init([](py::object group, const py::dict& options) {
-             gradcomp::Int8Options o;
-             if (options.contains("block_size")) o.block_size = options["block_size"].cast<int>();
-             return std::make_shared<FsdpAllGather>(
-                 group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>(), o, parse_timeout(options));
-           }),
-           py::arg("process_group"), py::arg("options"))
-      .def(
-          "all_gather",
-          [](FsdpAllGather& ag, const at::Tensor& output, const at::Tensor& input,
-             const std::vector<std::pair<std::string, int64_t>>& runs, uint64_t bucket,
-             const std::string& name, bool backward) {
-            std::vector<gradcomp::AllGatherRun> layout;
-            for (const auto& run : runs) {
-              gradcomp::AllGatherRun r;
-              r.dtype = parse_dtype(run.first, "an all-gather run's dtype");
-              r.numel = run.second;
-              layout.push_back(r);
-            }
-            py::gil_scoped_release release;
-            ag.all_gather(output, input, layout, bucket, name, backward);
-          },
-          py::arg("output"), py::arg("input"), py::arg("runs"), py::arg("bucket"), py::arg("name"),
-          py::arg("backward"));
-  // The C++ API's gradcomp::Int8AllGather, bound for its tests.
-  py::class_<gradcomp::Int8AllGather, std::shared_ptr<gradcomp::Int8AllGather>>(m, "Int8AllGather")
-      .def(py::init([](py::object group, int block_size) {
-             gradcomp::Int8Options o;
-             o.block_size = block_size;
-             return std::make_shared<gradcomp::Int8AllGather>(
-                 group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>(), o);
-           }),
-           py::arg("process_group"), py::arg("block_size") = 64)
-      .def(
-          "all_gather",
-          [](gradcomp::Int8AllGather& ag, const at::Tensor& output, const at::Tensor& input,
-             const std::string& name) {
-            py::gil_scoped_release release;
-            ag.all_gather(output, input, name);
-          },
-          py::arg("output"), py::arg("input"), py::arg("name") = "parameters")
-      .def("bytes_sent", &gradcomp::Int8AllGather::bytes_sent);
+  bind_all_gathers(m);  // after FsdpCollective, their base
   m.def(
       "fsdp_metrics_text",
       [](const std::vector<std::shared_ptr<FsdpCollective>>& collectives, int rank,

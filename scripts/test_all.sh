@@ -7,8 +7,10 @@ jobs="${GRADCOMP_JOBS:-$(nproc)}"
 fuzz_seconds="${GRADCOMP_FUZZ_SECONDS:-60}"
 cuda_archs="${CMAKE_CUDA_ARCHITECTURES:-90}"
 oldest_torch="${GRADCOMP_OLDEST_TORCH:-2.7.1}"  # the oldest torch the torch layer supports (README)
+oldest_fsdp_torch=2.9.1  # the first torch with FSDPModule.set_custom_reduce_scatter (2.9), newest patch
+gpu_machine_torch=2.11.0  # the torch of the GPU machine scripts/gpu_check.sh runs on
 
-step() { printf '\n==== %s\n' "$*"; }
+step() { printf '\n[%ss] ==== %s\n' "$SECONDS" "$*"; }
 
 "$root/scripts/setup.sh"
 
@@ -88,23 +90,43 @@ cmake --build build/example-cpp
 export GRADCOMP_CPP_TRAINER="$root/build/example-cpp/digits_trainer"
 
 step "Python and C++ front ends on real Gloo process groups (DDP hook, GradSync under torchrun)"
-"$venv/bin/python" -m pytest tests/python -q -rs
+"$venv/bin/python" -m pytest tests/python -q -rs --durations=25
 
-step "oldest supported torch ($oldest_torch): the torch layer, GradSync's trainer and the front-end tests against it"
-venv_old="$("$root/scripts/python_env.sh" "$oldest_torch")"
-GRADCOMP_BUILD_DIR="$root/build-torch-oldest" CMAKE_CUDA_ARCHITECTURES="$cuda_archs" \
-  "$venv_old/bin/pip" install -q --no-build-isolation --no-deps .
-cmake --build build-torch-oldest -j "$jobs"
-cmake --install build-torch-oldest --prefix "$root/build/install-torch-oldest" > /dev/null
-torch_cmake_old="$("$venv_old/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
-# torch 2.7's CMake config looks for NVTX 3 in its own source tree unless told to use the toolkit's.
-cmake -S examples/cpp -B build/example-cpp-oldest -G Ninja -DCMAKE_BUILD_TYPE=Release -DUSE_SYSTEM_NVTX=ON \
-  -DCMAKE_PREFIX_PATH="$root/build/install-torch-oldest;$torch_cmake_old" > /dev/null
-cmake --build build/example-cpp-oldest
-# From tests/python, so that the package imported is the one installed into that environment.
-(cd tests/python && GRADCOMP_CPP_TRAINER="$root/build/example-cpp-oldest/digits_trainer" \
-  "$venv_old/bin/python" -m pytest -q -rs -p no:cacheprovider test_torch_versions.py test_torch_compile.py \
-  test_ddp_hook.py test_grad_sync.py test_hierarchical.py test_faults.py)
+# The torch layer built against an older torch in that torch's own environment and build folder
+# (extra CMake arguments in $2), then the test files after it run against it from tests/python, so
+# that the package imported is the one installed there. $3 = trainer also builds GradSync's C++
+# trainer (examples/cpp) against that torch, for the tests that launch it.
+older_torch_stage() {
+  local version="$1" cmake_args="$2" trainer="$3"
+  shift 3
+  local venv_v build_v="$root/build-torch-$version" trainer_env=()
+  venv_v="$("$root/scripts/python_env.sh" "$version")"
+  GRADCOMP_BUILD_DIR="$build_v" GRADCOMP_CMAKE_ARGS="$cmake_args" CMAKE_CUDA_ARCHITECTURES="$cuda_archs" \
+    "$venv_v/bin/pip" install -q --no-build-isolation --no-deps .
+  if [ "$trainer" = trainer ]; then
+    cmake --build "$build_v" -j "$jobs"
+    cmake --install "$build_v" --prefix "$root/build/install-torch-$version" > /dev/null
+    local torch_cmake_v
+    torch_cmake_v="$("$venv_v/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+    # torch 2.7's CMake config looks for NVTX 3 in its own source tree unless told to use the toolkit's.
+    cmake -S examples/cpp -B "build/example-cpp-$version" -G Ninja -DCMAKE_BUILD_TYPE=Release -DUSE_SYSTEM_NVTX=ON \
+      -DCMAKE_PREFIX_PATH="$root/build/install-torch-$version;$torch_cmake_v" > /dev/null
+    cmake --build "build/example-cpp-$version" --target digits_trainer
+    trainer_env=("GRADCOMP_CPP_TRAINER=$root/build/example-cpp-$version/digits_trainer")
+  fi
+  (cd tests/python && env "${trainer_env[@]}" "$venv_v/bin/python" -m pytest -q -rs -p no:cacheprovider "$@")
+}
+
+step "oldest supported torch ($oldest_torch): the torch layer, GradSync's trainer and every front end's tests but FSDP's"
+older_torch_stage "$oldest_torch" "" trainer test_torch_versions.py test_torch_compile.py test_ddp_hook.py \
+  test_grad_sync.py test_hierarchical.py test_faults.py test_diloco.py test_monitoring.py
+
+step "oldest torch with FSDP2's comm hooks ($oldest_fsdp_torch, CPU-only build): the FSDP front end's tests"
+older_torch_stage "$oldest_fsdp_torch" "-DGRADCOMP_WITH_CUDA=OFF" no test_torch_versions.py test_fsdp.py
+
+step "the GPU machine's torch ($gpu_machine_torch, CUDA build): every front end's tests"
+older_torch_stage "$gpu_machine_torch" "" trainer test_torch_versions.py test_ddp_hook.py test_grad_sync.py \
+  test_fsdp.py test_diloco.py
 
 step "example: torchrun, 2 ranks, q4 hook on digits"
 "$venv/bin/torchrun" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port 29511 \

@@ -13,6 +13,7 @@
 #include "diloco_state.h"
 #include "fsdp_collectives.h"
 #include "tensor_params.h"
+#include "torch_compat.h"
 
 namespace py = pybind11;
 
@@ -480,6 +481,10 @@ PYBIND11_MODULE(_C, m) {
                                          gradcomp::metric_labels(rank, codec, front_end));
       },
       py::arg("rank"), py::arg("codec"), py::arg("front_end"));
+  m.def(
+      "premul_sum_factor",
+      [](const py::object& op) { return compat::premul_sum_factor(op.cast<c10d::ReduceOp>()); },
+      py::arg("op"));
   m.def("adaptive_optimizer_warning", [](const py::dict& options) {
     return gradcomp::adaptive_optimizer_warning(parse_codec(options));
   });

@@ -1,4 +1,5 @@
-// The part of the torch version shims that needs state: stores of the process groups gradcomp made.
+// The torch version shims that are not templates: the PREMUL_SUM factor, and the stores of the
+// process groups gradcomp made.
 #include "torch_compat.h"
 
 #include <mutex>
@@ -33,6 +34,17 @@ void remember_store(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
   for (auto it = m.begin(); it != m.end();) it = it->second.group.expired() ? m.erase(it) : ++it;
   m.insert_or_assign(group.get(), RecordedStore{c10::weak_intrusive_ptr<c10d::ProcessGroup>(group),
                                                 std::move(store)});
+}
+
+double premul_sum_factor(const c10d::ReduceOp& op) {
+  TORCH_CHECK(op.op_ == c10d::ReduceOp::PREMUL_SUM, "gradcomp: ReduceOp ", static_cast<int>(op.op_),
+              " is not PREMUL_SUM");
+  const auto* supplement = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK(supplement != nullptr, "gradcomp: a PREMUL_SUM ReduceOp without its factor");
+  if (supplement->tensor_factor.defined()) {
+    return supplement->tensor_factor.to(at::kCPU, at::kDouble).item<double>();
+  }
+  return supplement->double_factor;
 }
 
 c10::intrusive_ptr<c10d::Store> recorded_store(

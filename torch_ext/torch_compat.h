@@ -70,6 +70,11 @@ c10::intrusive_ptr<c10d::Work> reduce_scatter_single(Group& group, at::Tensor& o
   }
 }
 
+// The factor of a c10d PREMUL_SUM ReduceOp (a double or a one-element tensor in its supplement).
+// Python reads `op.factor` in newer torch (2.15); older ones (2.9, 2.11) expose no accessor, so
+// their FSDP's PREMUL_SUM is read here. Throws for another op or a missing factor.
+double premul_sum_factor(const c10d::ReduceOp& op);
+
 // The store a process group was made over: ProcessGroup::getStore where this torch has it
 // (2.11 and 2.15 do; 2.7 does not), else the store gradcomp recorded when it made the group
 // (remember_store); null for a group made elsewhere on a torch without getStore.

@@ -115,8 +115,14 @@ def fsdp_in_backward(param_group) -> bool:
 
 
 def premul_factor(op) -> float:
-    """The factor of a ``ReduceOp.PREMUL_SUM(factor)`` as FSDP2 passes it."""
+    """The factor of a ``ReduceOp.PREMUL_SUM(factor)`` as FSDP2 passes it: ``op.factor`` where torch has
+    it (2.15), else read from the op's C++ supplement (2.9 and 2.11 expose no accessor)."""
     factor = getattr(op, "factor", None)
     if factor is None:
-        raise RuntimeError(f"gradcomp: cannot read the factor of {op!r} on torch {torch.__version__}")
+        from . import _C
+
+        try:
+            factor = _C.premul_sum_factor(op)
+        except (RuntimeError, TypeError) as e:
+            raise RuntimeError(f"gradcomp: cannot read the factor of {op!r} on torch {torch.__version__}: {e}") from e
     return float(factor)

@@ -42,3 +42,14 @@ def test_fsdp_on_a_torch_without_its_hook_point_is_refused_by_name():
 
     with pytest.raises(RuntimeError, match=re.escape(f"torch {torch.__version__} lacks")):
         gt.fsdp(torch.nn.Linear(2, 2), gradcomp.Q4())
+
+
+def test_the_premul_sum_factor_fsdp_passes_is_read_on_every_torch():
+    """FSDP divides through PREMUL_SUM(1 / factor); torch 2.9 and 2.11 give its ReduceOp no ``factor``."""
+    import torch.distributed as dist
+
+    assert _C.premul_sum_factor(dist._make_nccl_premul_sum(0.25)) == 0.25
+    assert _C.premul_sum_factor(dist._make_nccl_premul_sum(torch.tensor([0.125], dtype=torch.float64))) == 0.125
+    assert _torch_compat.premul_factor(dist._make_nccl_premul_sum(1 / 3)) == 1 / 3
+    with pytest.raises(RuntimeError, match="is not PREMUL_SUM"):
+        _C.premul_sum_factor(dist.ReduceOp(dist.ReduceOp.SUM))

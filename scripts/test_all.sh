@@ -122,11 +122,12 @@ older_torch_stage "$oldest_torch" "" trainer test_torch_versions.py test_torch_c
   test_grad_sync.py test_hierarchical.py test_faults.py test_diloco.py test_monitoring.py
 
 step "oldest torch with FSDP2's comm hooks ($oldest_fsdp_torch, CPU-only build): the FSDP front end's tests"
-older_torch_stage "$oldest_fsdp_torch" "-DGRADCOMP_WITH_CUDA=OFF" no test_torch_versions.py test_fsdp.py
+older_torch_stage "$oldest_fsdp_torch" "-DGRADCOMP_WITH_CUDA=OFF" no test_torch_versions.py test_fsdp.py \
+  test_fsdp_params.py
 
 step "the GPU machine's torch ($gpu_machine_torch, CUDA build): every front end's tests"
 older_torch_stage "$gpu_machine_torch" "" trainer test_torch_versions.py test_ddp_hook.py test_grad_sync.py \
-  test_fsdp.py test_diloco.py
+  test_fsdp.py test_fsdp_params.py test_diloco.py
 
 step "example: torchrun, 2 ranks, q4 hook on digits"
 "$venv/bin/torchrun" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port 29511 \

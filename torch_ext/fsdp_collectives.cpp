@@ -1,4 +1,5 @@
-// FSDP2's collectives: tensors checked, the core's reduce-scatter and allreduce bound and counted.
+// FSDP2's collectives: tensors checked, the core's reduce-scatter, allreduce and int8 all-gather
+// bound and counted.
 #include "fsdp_collectives.h"
 
 #include <chrono>
@@ -217,6 +218,74 @@ bool FsdpReplicaAllreduce::allreduce(const at::Tensor& tensor, uint64_t bucket_i
         return finite;
       },
       [&] { return collective_->step(); });
+}
+
+// ---- the int8 parameter all-gather ---------------------------------------------------------
+
+FsdpAllGather::FsdpAllGather(c10::intrusive_ptr<c10d::ProcessGroup> group, Int8Options options,
+                             std::chrono::milliseconds timeout)
+    : FsdpCollective(std::move(group), CompressionConfig{}, timeout), options_(options) {
+  call_core([&] { options_.validate(); });
+}
+
+void FsdpAllGather::make_collective(Communicator& comm, Backend& backend) {
+  collective_ =
+      call_core([&] { return std::make_unique<CompressedAllGather>(comm, backend, options_); });
+}
+
+CompressionState FsdpAllGather::collective_state() const {
+  CompressionState s;
+  s.seed = config_.seed;
+  s.step = rounds_.next();
+  return s;
+}
+
+void FsdpAllGather::all_gather(const at::Tensor& output, const at::Tensor& input,
+                               const std::vector<AllGatherRun>& runs, uint64_t bucket_id,
+                               const std::string& name, bool backward) {
+  const int world = world_size();
+  for (const at::Tensor* t : {&input, &output}) {
+    const char* what = t == &input ? "FSDP all-gather input" : "FSDP all-gather output";
+    GRADCOMP_TORCH_CHECK(t->defined() && t->is_contiguous(), what, " of ", name,
+                         " must be a defined contiguous tensor");
+    GRADCOMP_TORCH_CHECK(t->scalar_type() == at::kByte || t->scalar_type() == at::kFloat ||
+                             t->scalar_type() == at::kBFloat16 || t->scalar_type() == at::kHalf,
+                         what, " of ", name, " is ", t->scalar_type(),
+                         ": the int8 all-gather takes float32, bfloat16 or float16 parameters "
+                         "(as themselves, or as FSDP's uint8 bytes of several of them)");
+  }
+  GRADCOMP_TORCH_CHECK(input.scalar_type() == output.scalar_type(), "FSDP all-gather input of ",
+                       name, " is ", input.scalar_type(), " but its output is ",
+                       output.scalar_type());
+  GRADCOMP_TORCH_CHECK(input.device() == output.device(), "FSDP all-gather input of ", name, " on ",
+                       input.device(), " but its output on ", output.device());
+  GRADCOMP_TORCH_CHECK(output.numel() == input.numel() * world, "FSDP all-gather output of ", name,
+                       " has ", output.numel(), " elements, not ", world, " (world size) x ",
+                       input.numel(), " (input)");
+  GRADCOMP_TORCH_CHECK(!runs.empty(), "FSDP all-gather of ", name, " without a row layout");
+  const uint64_t row_bytes = all_gather_row_bytes(runs.data(), static_cast<int>(runs.size()));
+  GRADCOMP_TORCH_CHECK(row_bytes == static_cast<uint64_t>(input.nbytes()), "FSDP all-gather of ",
+                       name, ": its row layout covers ", row_bytes, " bytes but the input has ",
+                       input.nbytes());
+  AllGatherRequest r;
+  r.input = input.data_ptr();
+  r.output = output.data_ptr();
+  r.runs = runs.data();
+  r.num_runs = static_cast<int>(runs.size());
+  r.bucket_id = bucket_id;
+  r.name = name;
+  // Forward and backward all-gathers of a module are two keys of one round: one training step.
+  const uint64_t key = bucket_id * 2 + (backward ? 1 : 0);
+  counted(
+      input, static_cast<uint64_t>(world - 1) * row_bytes,
+      [&] {
+        GRADCOMP_PHASE("gradcomp::fsdp_all_gather");
+        rounds_.step_for(key);
+        collective_->all_gather(r);
+        rounds_.done(key);
+        return true;
+      },
+      [&] { return rounds_.next() - 1; });
 }
 
 }  // namespace torch_ext

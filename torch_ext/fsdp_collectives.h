@@ -1,5 +1,6 @@
-// FSDP2's gradient collectives through the core over a c10d group: the compressed reduce-scatter
-// (FSDP's custom reduce-scatter) and the compressed all-reduce across replicas (HSDP's hook).
+// FSDP2's collectives through the core over a c10d group: the compressed reduce-scatter (FSDP's
+// custom reduce-scatter), the compressed all-reduce across replicas (HSDP's hook) and the int8
+// parameter all-gather (FSDP's custom all-gather).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -97,6 +98,31 @@ class FsdpReplicaAllreduce final : public FsdpCollective {
   void load_collective_state(const CompressionState& state) override;
   uint64_t residual_memory() const override { return collective_->residual_memory(); }
   std::unique_ptr<CompressedAllreduce> collective_;
+  StepRounds rounds_;
+};
+
+// FSDP's parameter all-gather as int8 (CompressedAllGather): the output holds world_size rows of
+// the input's bytes, the input being this rank's row of it (FSDP's all_gather_copy_in). `runs`
+// lays the row out as (dtype, elements) stretches: one for a row of one dtype, several when FSDP
+// gathers parameters of several dtypes as uint8 bytes. No state to checkpoint: weights are never
+// kept quantized.
+class FsdpAllGather final : public FsdpCollective {
+ public:
+  FsdpAllGather(c10::intrusive_ptr<c10d::ProcessGroup> group, Int8Options options,
+                std::chrono::milliseconds timeout);
+  // `backward`: the all-gather before a module's backward (its stats count with the forward's in
+  // one step); `name` goes into errors.
+  void all_gather(const at::Tensor& output, const at::Tensor& input,
+                  const std::vector<AllGatherRun>& runs, uint64_t bucket_id,
+                  const std::string& name, bool backward);
+
+ private:
+  void make_collective(Communicator& comm, Backend& backend) override;
+  CompressionState collective_state() const override;
+  void load_collective_state(const CompressionState&) override {}
+  uint64_t residual_memory() const override { return 0; }
+  Int8Options options_;
+  std::unique_ptr<CompressedAllGather> collective_;
   StepRounds rounds_;
 };
 

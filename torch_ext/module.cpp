@@ -1,5 +1,5 @@
 // gradcomp._C: Python bindings for the DDP hook and its install on DDP's reducer, GradSync, and
-// the FSDP2 reduce-scatter.
+// the FSDP2 collectives (the int8 all-gathers' in all_gather_bindings.cpp).
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/extension.h>
@@ -8,6 +8,7 @@
 #include <cstring>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
+#include "bindings.h"
 #include "ddp_hook.h"
 #include "diloco_state.h"
 #include "fsdp_collectives.h"
@@ -22,7 +23,6 @@ extern "C" __attribute__((used, visibility("default"))) const char gradcomp_buil
 
 namespace gradcomp {
 namespace torch_ext {
-namespace {
 
 DType parse_dtype(const std::string& name, const char* what) {
   if (name == "float32") return DType::kFloat32;
@@ -31,6 +31,18 @@ DType parse_dtype(const std::string& name, const char* what) {
   GRADCOMP_TORCH_CHECK(false, what, " must be 'float32', 'float16' or 'bfloat16', got '", name,
                        "'");
 }
+
+// The hook's deadline for one collective, "timeout" in seconds (absent or None: the process
+// group's).
+std::chrono::milliseconds parse_timeout(const py::dict& d) {
+  if (!d.contains("timeout") || d["timeout"].is_none()) return std::chrono::milliseconds(0);
+  const double seconds = d["timeout"].cast<double>();
+  GRADCOMP_TORCH_CHECK(seconds > 0 && seconds < 1e7, "timeout must be positive seconds, got ",
+                       seconds);
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+namespace {
 
 // The spec's "kernels" ("default", "v1" or "v2"; absent: "default").
 KernelGeneration parse_kernels(const py::dict& d) {
@@ -90,16 +102,6 @@ CodecSpec parse_codec(const py::dict& d) {
   }
   GRADCOMP_TORCH_CHECK(codec == "none", "unknown codec '", codec, "'");
   return NoCompression{};
-}
-
-// The hook's deadline for one collective, "timeout" in seconds (absent or None: the process
-// group's).
-std::chrono::milliseconds parse_timeout(const py::dict& d) {
-  if (!d.contains("timeout") || d["timeout"].is_none()) return std::chrono::milliseconds(0);
-  const double seconds = d["timeout"].cast<double>();
-  GRADCOMP_TORCH_CHECK(seconds > 0 && seconds < 1e7, "timeout must be positive seconds, got ",
-                       seconds);
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
 // For tests: a transport fault to inject, as a dict of FaultSpec's fields.
@@ -470,6 +472,7 @@ PYBIND11_MODULE(_C, m) {
             return ar.allreduce(tensor, bucket);
           },
           py::arg("tensor"), py::arg("bucket"));
+  bind_all_gathers(m);  // after FsdpCollective, their base
   m.def(
       "fsdp_metrics_text",
       [](const std::vector<std::shared_ptr<FsdpCollective>>& collectives, int rank,

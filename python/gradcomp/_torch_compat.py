@@ -76,6 +76,44 @@ def fsdp_reduce_scatter_api():
     return FSDPModule, ReduceScatter
 
 
+def fsdp_all_gather_api():
+    """FSDP2's ``AllGather`` comm interface, or RuntimeError naming the installed torch:
+    ``set_custom_all_gather`` came with ``set_custom_reduce_scatter`` (PR #155189, torch 2.9)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather
+    except ImportError:
+        FSDPModule = AllGather = None
+    if FSDPModule is None or not hasattr(FSDPModule, "set_custom_all_gather"):
+        raise RuntimeError(f"gradcomp.torch.fsdp(params=...) needs FSDP2's FSDPModule.set_custom_all_gather, which "
+                           f"torch {torch.__version__} lacks (it came in torch 2.9): upgrade torch to 2.9 or newer, or "
+                           f"leave params unset (FSDP then all-gathers the weights itself, uncompressed)")
+    return AllGather
+
+
+def fsdp_param_group(module):
+    """The one FSDP parameter group of a ``fully_shard`` module (None for a module without parameters of
+    its own), from FSDP2's private state: the custom all-gather needs its shard group, its parameters'
+    dtypes and sizes, and whether it runs before backward, none of which FSDP passes to the comm."""
+    state = module._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:  # before per-parameter meshes: one group or none
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [group] if group is not None else []
+    if len(groups) > 1:
+        raise ValueError("gradcomp.torch.fsdp(params=...): a fully_shard module with several parameter groups "
+                         "(per-parameter meshes through shard_placement_fn) is refused, as FSDP's "
+                         "set_custom_all_gather refuses it")
+    return groups[0] if groups else None
+
+
+def fsdp_in_backward(param_group) -> bool:
+    """Whether the param group's all-gather is the one before its backward."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
+    return param_group._training_state == TrainingState.PRE_BACKWARD
+
+
 def premul_factor(op) -> float:
     """The factor of a ``ReduceOp.PREMUL_SUM(factor)`` as FSDP2 passes it: ``op.factor`` where torch has
     it (2.15), else read from the op's C++ supplement (2.9 and 2.11 expose no accessor)."""

@@ -205,6 +205,25 @@ def refuse_q2(codec, front_end: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class Int8:
+    """Block-scaled int8 for FSDP's parameter all-gathers (``gradcomp.torch.fsdp(..., params=Int8())``):
+    one bf16 scale per ``block_size`` elements (the block's largest magnitude / 127, rounded up), codes
+    rounded to nearest (ties to even) in [-127, 127]. About 8 + 16 / block_size bits per element on the
+    wire. Weights are not accumulated, so there is no error feedback and no randomness: the same shard
+    gives the same bytes on every call. CPU only in this version (CUDA refused by name)."""
+
+    block_size: int = 64
+
+    def __post_init__(self):
+        b = self.block_size
+        _check(isinstance(b, int) and not isinstance(b, bool) and 16 <= b <= 4096 and b & (b - 1) == 0,
+               f"Int8 block_size must be a power of two in [16, 4096], got {b!r}")
+
+    def _options(self) -> dict:
+        return {"codec": "int8", "block_size": self.block_size}
+
+
+@dataclasses.dataclass(frozen=True)
 class NoCompression:
     """Plain allreduce through gradcomp's hook path, for A/B comparisons."""
 

@@ -3,11 +3,13 @@
 ``hook = gradcomp.torch.fsdp(model, gradcomp.Q4())`` installs, on every ``fully_shard`` module of the
 model, a custom reduce-scatter (``FSDPModule.set_custom_reduce_scatter``) that sends each row of FSDP's
 reduce-scatter input as a q4 (or top-k) payload and decodes one's own shard in fp32, with an
-error-feedback residual per module. With ``replicate_group=`` (HSDP: shards inside a node, replicas
-across nodes) it installs instead an all-reduce hook (``set_all_reduce_hook``) that averages each shard
-across the replicas through the compressed allreduce, and leaves the reduce-scatter inside the node to
-FSDP. The work is the core's (``CompressedReduceScatter``, ``CompressedAllreduce``); this module only
-adapts FSDP's interfaces to it.
+error-feedback residual per module. With ``params=gradcomp.Int8()`` it also installs a custom all-gather
+(``FSDPModule.set_custom_all_gather``) that sends each rank's parameter shard as block-scaled int8 and
+decodes every rank's row, its own included, into FSDP's all-gather output. With ``replicate_group=``
+(HSDP: shards inside a node, replicas across nodes) it installs instead an all-reduce hook
+(``set_all_reduce_hook``) that averages each shard across the replicas through the compressed allreduce,
+and leaves the reduce-scatter inside the node to FSDP. The work is the core's (``CompressedReduceScatter``,
+``CompressedAllreduce``, ``CompressedAllGather``); this module only adapts FSDP's interfaces to it.
 """
 from __future__ import annotations
 
@@ -18,8 +20,9 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from ._torch_compat import fsdp_reduce_scatter_api, premul_factor
-from .codecs import NoCompression, Q4, TopK, refuse_q2
+from ._torch_compat import (fsdp_all_gather_api, fsdp_in_backward, fsdp_param_group, fsdp_reduce_scatter_api,
+                            premul_factor)
+from .codecs import Int8, NoCompression, Q4, TopK, refuse_q2
 from .ddp import check_optimizer
 
 __all__ = ["fsdp", "FsdpHook"]
@@ -70,17 +73,21 @@ class FsdpHook:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.codec = codec
         self._options = {**codec._options(), "timeout": timeout}
-        self._collectives = {}  # "reduce_scatter" / "replicate": the native collective
+        self._collectives = {}  # "reduce_scatter" / "replicate" / "all_gather": the native collective
         self._groups = {}
         self._pending = {}
         self._sizes = {}  # the group size of each collective installed, known at install time
+        self._param_options = None  # the int8 all-gather's options (fsdp(params=...)), or None
         self.modules = []
 
     def _collective(self, kind: str, group):
         collective = self._collectives.get(kind)
         if collective is None:
-            make = _C.FsdpReduceScatter if kind == "reduce_scatter" else _C.FsdpReplicaAllreduce
-            collective = self._collectives[kind] = make(group, self._options)
+            if kind == "all_gather":
+                collective = self._collectives[kind] = _C.FsdpAllGather(group, self._param_options)
+            else:
+                make = _C.FsdpReduceScatter if kind == "reduce_scatter" else _C.FsdpReplicaAllreduce
+                collective = self._collectives[kind] = make(group, self._options)
             self._groups[kind] = group
             if kind in self._pending:
                 collective.load_state_dict(self._pending.pop(kind))
@@ -92,6 +99,9 @@ class FsdpHook:
     def _reduce_scatter(self, output, input, group, op, bucket: int) -> None:
         self._collective("reduce_scatter", group).reduce_scatter(output, input, bucket, _divisor(op, group.size()))
 
+    def _all_gather(self, output, input, group, runs, bucket: int, name: str, backward: bool) -> None:
+        self._collective("all_gather", group).all_gather(output, input, runs, bucket, name, backward)
+
     def _replica_allreduce(self, group, bucket: int, tensor) -> None:
         self._collective("replicate", group).allreduce(tensor, bucket)
 
@@ -99,8 +109,9 @@ class FsdpHook:
         """``{"step": ..., "total": ...}``: buckets (one per module and collective per step), bytes sent (a
         module's first step also carries its layout agreement), the bytes the uncompressed collective of
         the same dtype would send, their ratio, codec and communication seconds, non-finite buckets; and
-        the same per collective under ``"reduce_scatter"`` / ``"replicate"``. Zero until a collective ran
-        (FSDP calls none at one rank)."""
+        the same per collective under ``"reduce_scatter"`` / ``"replicate"`` / ``"all_gather"`` (the int8
+        weights: uncompressed bytes are those of FSDP's own all-gather in the parameters' dtype). Zero until
+        a collective ran (FSDP calls none at one rank)."""
         per = {k: {"step": c.last_step_stats(), "total": c.total_stats()} for k, c in self._collectives.items()}
         return {"step": _sum_stats([p["step"] for p in per.values()]),
                 "total": _sum_stats([p["total"] for p in per.values()]), **per}
@@ -192,6 +203,77 @@ def _comm_class():
     return FSDPModule, GradcompReduceScatter
 
 
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _runs_of(param_group, input_tensor, name: str):
+    """The all-gather row's layout as (dtype, elements) runs: the input's own dtype when FSDP gathers one
+    dtype; for FSDP's uint8 bytes of several dtypes, each parameter's padded shard in its all-gather dtype
+    (the parameter policy's ``param_dtype``, else its own), consecutive ones of one dtype merged."""
+    if input_tensor.dtype != torch.uint8:
+        if input_tensor.dtype not in _DTYPE_NAMES:
+            raise RuntimeError(f"gradcomp.torch.fsdp(params=...): the all-gather of {name} is in "
+                               f"{input_tensor.dtype}; the int8 all-gather takes float32, bfloat16 or float16")
+        return [(_DTYPE_NAMES[input_tensor.dtype], input_tensor.numel())]
+    runs = []
+    for fp in param_group.fsdp_params:
+        data = fp._sharded_param_data
+        dtype = fp.param_dtype or data.dtype
+        if dtype not in _DTYPE_NAMES:
+            raise RuntimeError(f"gradcomp.torch.fsdp(params=...): a parameter of {name} is all-gathered in {dtype}; "
+                               f"the int8 all-gather takes float32, bfloat16 or float16")
+        if runs and runs[-1][0] == _DTYPE_NAMES[dtype]:
+            runs[-1] = (runs[-1][0], runs[-1][1] + data.numel())
+        else:
+            runs.append((_DTYPE_NAMES[dtype], data.numel()))
+    return runs
+
+
+def _all_gather_class():
+    AllGather = fsdp_all_gather_api()
+
+    class GradcompAllGather(AllGather):
+        """One ``fully_shard`` module's parameter all-gather as int8. Over the module's shard group only:
+        FSDP's other all-gather, before backward under ``reshard_after_forward=<int>``, gathers shards of the
+        weights this one already decoded over the smaller post-forward group, and goes through unchanged so
+        that backward computes with exactly the forward's weights."""
+
+        def __init__(self, hook: FsdpHook, bucket: int, name: str, param_group):
+            self._hook = hook
+            self._bucket = bucket
+            self._name = name
+            self._param_group = param_group
+            self._shard_group = param_group.mesh_info.shard_process_group
+
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            if group is not self._shard_group:
+                dist.all_gather_into_tensor(output_tensor, input_tensor, group=group)
+                return None
+            runs = _runs_of(self._param_group, input_tensor, self._name)
+            self._hook._all_gather(output_tensor, input_tensor, group, runs, self._bucket, self._name,
+                                   fsdp_in_backward(self._param_group))
+            return None
+
+    return GradcompAllGather
+
+
+def _check_plain_parameters(modules, names) -> None:
+    for m in modules:
+        for p in m.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            if local.device.type not in ("cpu", "meta"):  # meta: materialized later, checked at the call
+                raise ValueError(f"gradcomp.torch.fsdp(params=...): {names[m]} has parameters on {local.device}; "
+                                 f"the int8 all-gather runs on the CPU only in this version (its CUDA kernels have "
+                                 f"not been written or run on a GPU yet): leave params unset there")
+            if hasattr(local, "fsdp_pre_all_gather"):
+                raise ValueError(f"gradcomp.torch.fsdp(params=...): {names[m]} has a parameter of type "
+                                 f"{type(local).__name__} with its own fsdp_pre_all_gather (float8 training?); its "
+                                 f"all-gather inputs are not plain weights and are not quantized again")
+
+
 def _check_shard_only(modules) -> None:
     for m in modules:
         for p in m.parameters():
@@ -211,7 +293,7 @@ def _broadcast_replicas(model, group) -> None:
         dist.broadcast(local, src=src, group=group)
 
 
-def fsdp(model: torch.nn.Module, codec=None, *, replicate_group=None, reduce_scatter=None,
+def fsdp(model: torch.nn.Module, codec=None, *, params=None, replicate_group=None, reduce_scatter=None,
          timeout=None, optimizer=None) -> FsdpHook:
     """Installs gradcomp's compressed collectives on every ``fully_shard`` module of ``model`` (the model
     itself included); returns the hook holding their state. Call after ``fully_shard``, before the first
@@ -221,14 +303,28 @@ def fsdp(model: torch.nn.Module, codec=None, *, replicate_group=None, reduce_sca
     ``mesh["shard"]`` plus ``replicate_group=mesh["replicate"].get_group()``): each module's reduced shard is
     averaged across replicas by the compressed allreduce (parameters are broadcast from the first replica
     here), and the reduce-scatter inside the shard group stays FSDP's unless ``reduce_scatter=True``.
-    ``optimizer``, when given, is checked against the codec as ``register``'s is (``check_optimizer``)."""
+    ``optimizer``, when given, is checked against the codec as ``register``'s is (``check_optimizer``).
+
+    ``params=gradcomp.Int8()``: FSDP's parameter all-gathers over each module's shard group send int8 (every
+    rank decodes every shard, its own included, so all ranks compute with the same weights; the sharded
+    parameters the optimizer updates stay exact). ``reduce_scatter=False`` with it compresses only the
+    weights. CPU only in this version."""
     FSDPModule, comm_class = _comm_class()
+    if params is not None and not isinstance(params, Int8):
+        raise ValueError(f"gradcomp.torch.fsdp params takes gradcomp.Int8(), got {params!r}")
+    all_gather_class = _all_gather_class() if params is not None else None
     modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if not modules:
         raise ValueError("gradcomp.torch.fsdp: the model has no fully_shard module; call fully_shard first")
     if reduce_scatter is None:
         reduce_scatter = replicate_group is None
     hook = FsdpHook(codec, timeout)
+    hook._param_options = {**params._options(), "timeout": timeout} if params is not None else None
+    names = {m: (f"module '{n}'" if n else "the root module") for n, m in model.named_modules()}
+    param_groups = {}
+    if params is not None:
+        _check_plain_parameters(modules, names)
+        param_groups = {m: fsdp_param_group(m) for m in modules}
     if optimizer is not None:
         check_optimizer(optimizer, hook.codec)
     if reduce_scatter:
@@ -245,5 +341,7 @@ def fsdp(model: torch.nn.Module, codec=None, *, replicate_group=None, reduce_sca
             module.set_custom_reduce_scatter(comm_class(hook, bucket))
         if replicate_group is not None:
             module.set_all_reduce_hook(functools.partial(hook._replica_allreduce, replicate_group, bucket))
+        if params is not None and param_groups[module] is not None:
+            module.set_custom_all_gather(all_gather_class(hook, bucket, names[module], param_groups[module]))
     hook.modules = modules
     return hook

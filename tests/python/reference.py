@@ -285,3 +285,38 @@ class Q4ReduceScatter:
             self.res = new_res
         self.steps += 1
         return torch.stack(out)
+
+
+def int8_roundtrip(x: torch.Tensor, block: int = 64) -> torch.Tensor:
+    """A 1-D float tensor through block-scaled int8 (docs/format.md, "int8 all-gather payload"), decoded
+    back into its dtype: per block, scale = absmax / 127 in fp32 rounded up to bf16 (the smallest positive
+    bf16 when that quotient underflows), codes x / scale rounded half to even, decoded as code * scale."""
+    f = x.float()
+    n = f.numel()
+    blocks = torch.cat([f, f.new_zeros(-n % block)]).view(-1, block)
+    absmax = blocks.abs().amax(1)
+    bits = (absmax / 127.0).view(torch.int32)
+    bits = torch.where(bits & 0xFFFF != 0, bits + 0x10000, bits) & -0x10000
+    bits = torch.where((bits == 0) & (absmax > 0), torch.full_like(bits, 0x10000), bits)
+    scale = bits.view(torch.float32)[:, None]
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    codes = torch.where(scale > 0, torch.round(blocks / safe), torch.zeros_like(blocks)).clamp(-127, 127)
+    return (codes * scale + 0.0).reshape(-1)[:n].to(x.dtype)  # + 0.0: a code 0 decodes to +0
+
+
+def int8_all_gather(rows: list, runs=None, block: int = 64) -> torch.Tensor:
+    """gradcomp's int8 all-gather of every rank's row (1-D, in rank order): each row quantized on its own
+    and decoded; with ``runs`` ((dtype, numel) pairs), the rows are bytes of several dtypes and every run
+    restarts its blocks."""
+    out = []
+    for row in rows:
+        if runs is None:
+            out.append(int8_roundtrip(row, block))
+            continue
+        raw, parts, at = row.view(torch.uint8), [], 0
+        for dtype, numel in runs:
+            size = numel * torch.empty(0, dtype=dtype).element_size()
+            parts.append(int8_roundtrip(raw[at:at + size].view(dtype), block).view(torch.uint8))
+            at += size
+        out.append(torch.cat(parts))
+    return torch.cat(out)

@@ -1,6 +1,7 @@
 // Umbrella header of the gradcomp core: codecs, wire format, backends, collectives, the engine.
 #pragma once
 
+#include "gradcomp/all_gather.h"
 #include "gradcomp/backend.h"
 #include "gradcomp/codec_spec.h"
 #include "gradcomp/collectives.h"

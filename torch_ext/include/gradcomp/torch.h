@@ -1,5 +1,6 @@
 // gradcomp for C++ libtorch training programs: GradSync (compressed, overlapped data
-// parallelism) and a process group from torchrun's environment. Target gradcomp::torch.
+// parallelism), DiLoCo, the int8 weight all-gather and a process group from torchrun's
+// environment. Target gradcomp::torch.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -206,6 +207,38 @@ class DiLoCo {
   void load_state(const OuterSyncState& state);
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// The int8 weight all-gather for programs that shard their own parameters (ZeRO-3 style): each
+// rank's shard travels as block-scaled int8 (gradcomp::CompressedAllGather) and every rank decodes
+// every shard, its own included, so all ranks compute with the same weights while each keeps its
+// exact shard for the optimizer:
+//
+//   gradcomp::Int8AllGather gather(group);
+//   gather.all_gather(full_weights, my_shard, "layer3");  // full: world * shard.numel() elements
+//
+// CPU tensors (float32, bfloat16 or float16; CUDA is refused by name until its kernels exist).
+// A shard holding NaN or infinity on any rank makes every rank throw, naming `name` and the rank.
+class Int8AllGather {
+ public:
+  explicit Int8AllGather(c10::intrusive_ptr<c10d::ProcessGroup> group, Int8Options options = {},
+                         std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+  ~Int8AllGather();
+  Int8AllGather(const Int8AllGather&) = delete;
+  Int8AllGather& operator=(const Int8AllGather&) = delete;
+
+  // output: world_size rows of input.numel() elements of input's dtype; input may be output's
+  // row rank().
+  void all_gather(const at::Tensor& output, const at::Tensor& input,
+                  const std::string& name = "parameters");
+  // Since construction: bytes this rank sent, and seconds spent encoding and decoding.
+  uint64_t bytes_sent() const;
+  double codec_seconds() const;
 
   struct Impl;
 

@@ -1,0 +1,106 @@
+// The compressed all-gather: every rank's shard as block-scaled int8, every row decoded on every
+// rank (FSDP's parameter all-gather, ZeRO++'s qwZ; docs/api.md, docs/format.md).
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gradcomp/backend.h"
+#include "gradcomp/communicator.h"
+#include "gradcomp/types.h"
+
+namespace gradcomp {
+
+struct Int8Options {
+  int block_size = 64;  // math::int8_block_size_valid; one bf16 scale per block
+  void validate() const;
+};
+
+// A stretch of a row holding elements of one dtype. FSDP's all-gather rows are the parameters'
+// shards back to back; with parameters of several dtypes FSDP sends them as bytes, and each
+// stretch of one dtype is quantized on its own (blocks restart at the head of every run).
+struct AllGatherRun {
+  DType dtype = DType::kFloat32;
+  int64_t numel = 0;
+};
+
+// One all-gather. Every rank's row has the same runs; row r of the output receives rank r's
+// shard decoded, this rank's own row included (so every rank computes with the same weights).
+// `input` may be the output's row rank() (FSDP passes it so): it is read before any row is
+// written.
+struct AllGatherRequest {
+  const void* input = nullptr;  // this rank's row: the runs' elements back to back
+  void* output = nullptr;       // world_size rows of the same bytes as the input
+  const AllGatherRun* runs = nullptr;
+  int num_runs = 0;
+  uint64_t bucket_id = 0;
+  std::string name;  // what errors call the bucket (FSDP: the module's name)
+};
+
+// Wire format of one row (docs/format.md, "int8 all-gather payload").
+constexpr uint32_t kInt8PayloadMagic = 0x38574347u;  // "GCW8" read as a little-endian u32
+constexpr uint16_t kInt8PayloadVersion = 1;
+constexpr uint64_t kInt8HeaderBytes = 32;
+constexpr uint8_t kInt8FlagNonfinite = 1;  // the shard held NaN or infinity: sections are zero
+
+// Bytes of a row's payload: header, one bf16 scale per block of every run, one code per element,
+// each section padded to 16 bytes.
+uint64_t int8_payload_bytes(const AllGatherRun* runs, int num_runs, int block_size);
+// Bytes one rank sends in one compressed all-gather: its payload to each other rank.
+uint64_t compressed_all_gather_bytes_sent(const AllGatherRun* runs, int num_runs, int block_size,
+                                          int world);
+// Bytes of a row as elements of the runs' dtypes (what an uncompressed all-gather sends per rank).
+uint64_t all_gather_row_bytes(const AllGatherRun* runs, int num_runs);
+
+// The reference codec, on host memory. Encode never quantizes a non-finite element: it writes a
+// payload flagged kInt8FlagNonfinite with zero sections and returns false.
+bool int8_encode_row(const void* input, const AllGatherRun* runs, int num_runs, int block_size,
+                     uint8_t* payload);
+// Checks a payload's header and body checksum against the runs; returns false for a payload
+// flagged non-finite. Throws PayloadError for foreign or corrupted bytes (naming `from_rank`).
+bool int8_check_row(const uint8_t* payload, const AllGatherRun* runs, int num_runs, int block_size,
+                    int from_rank);
+void int8_decode_row(const uint8_t* payload, const AllGatherRun* runs, int num_runs, int block_size,
+                     void* output);
+
+// All-gathers shards as int8 payloads through the communicator's all_gather. No state across
+// calls besides buffers per bucket; deterministic (round to nearest), so the same shards give the
+// same bytes on every call (FSDP's forward and backward all-gathers agree).
+//
+// Non-finite weights: a rank whose shard holds NaN or infinity sends a flagged payload; every rank
+// then raises the same Error naming the bucket and every such rank, before writing any row, so no
+// rank hangs and none computes with a silently quantized NaN.
+//
+// Layouts: at a bucket's first call the ranks exchange its layout (elements, runs, block size;
+// 32 bytes each) and raise naming the ranks that differ, rather than all-gathering payloads of
+// different sizes (which a transport may hang on).
+//
+// Backends: the CPU backend (host memory). A CUDA backend is refused by name: the int8 kernels are
+// not written yet, and an untested device path is not offered.
+class CompressedAllGather {
+ public:
+  CompressedAllGather(Communicator& comm, Backend& backend, const Int8Options& options);
+  ~CompressedAllGather();
+  CompressedAllGather(const CompressedAllGather&) = delete;
+  CompressedAllGather& operator=(const CompressedAllGather&) = delete;
+
+  void all_gather(const AllGatherRequest& request);
+
+  const Int8Options& options() const { return options_; }
+  int world_size() const { return comm_.world_size(); }
+  // Seconds spent encoding, checking and decoding since construction.
+  double codec_seconds() const { return codec_seconds_; }
+
+ private:
+  Communicator& comm_;
+  Int8Options options_;
+  void check_layout(const AllGatherRequest& request);
+
+  std::vector<uint8_t> send_, recv_;  // reused across calls: the largest row so far
+  std::set<uint64_t> checked_;        // buckets whose layout the ranks agreed on
+  double codec_seconds_ = 0.0;
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,44 @@
+"""gradcomp.torch.fsdp(..., params=gradcomp.Int8()): FSDP2's parameter all-gathers as int8 on real Gloo
+process groups of CPU ranks, checked bit for bit against the pure-PyTorch reference."""
+import pytest
+import torch
+
+import gradcomp
+import gradcomp.torch as gt
+
+from launcher import launch
+
+fsdp_api = pytest.importorskip("torch.distributed.fsdp")
+has_hook = hasattr(getattr(fsdp_api, "FSDPModule", None), "set_custom_all_gather")
+
+
+@pytest.mark.skipif(not has_hook, reason=f"torch {torch.__version__} has no FSDPModule.set_custom_all_gather")
+@pytest.mark.parametrize("world, cases", [
+    (2, ["fp32", "bf16", "two_dtypes", "reshard_false", "train", "nan"]),
+    (3, ["fp32", "bf16", "cpp_api"]),
+    (4, ["fp32", "reshard_int"]),
+])
+def test_int8_all_gather_is_the_reference_bit_for_bit(world, cases):
+    results = launch("workers_fsdp_params", "int8_all_gather_cases", world, cases)
+    assert len(results) == world
+    if "nan" in cases:  # every rank refused, with the same message but for its own rank
+        messages = {r[-1].replace(f"on rank {rank}", "on rank R") for rank, r in enumerate(results)}
+        assert len(messages) == 1, messages
+        print(messages.pop())
+
+
+def test_a_torch_without_set_custom_all_gather_is_refused_by_name(monkeypatch):
+    from torch.distributed.fsdp import FSDPModule
+
+    if has_hook:
+        monkeypatch.delattr(FSDPModule, "set_custom_all_gather")
+    with pytest.raises(RuntimeError, match=r"set_custom_all_gather, which torch .* lacks \(it came in torch 2.9\)"):
+        gt.fsdp(torch.nn.Linear(2, 2), gradcomp.Q4(), params=gradcomp.Int8())
+
+
+def test_bad_params_are_refused():
+    with pytest.raises(ValueError, match="power of two"):
+        gradcomp.Int8(block_size=48)
+    if has_hook:
+        with pytest.raises(ValueError, match="params takes gradcomp.Int8"):
+            gt.fsdp(torch.nn.Linear(2, 2), gradcomp.Q4(), params=gradcomp.Q4())

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,17 @@ struct Case {
   uint32_t fragments, h, tau;
   float alpha;
 };
+
+std::string name(const Case& c) {
+  return "W" + std::to_string(c.world) + "_F" + std::to_string(c.fragments) + "_H" +
+         std::to_string(c.h) + "_Tau" + std::to_string(c.tau) + "_Alpha" +
+         std::to_string(static_cast<int>(c.alpha * 10)) + "Tenths";
+}
+
+// ctest's names of the cases (gtest_discover_tests takes the printed parameter).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << name(c);
+}
 
 // The rule written out sequentially: at fragment f's sync point g = anchor - param goes through
 // the compressed allreduce at once; tau steps later the anchor takes the outer step with that
@@ -184,7 +196,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{2, 1, 6, 2, 0.0f}, Case{2, 1, 6, 2, 0.5f}, Case{3, 1, 6, 5, 0.5f},
                       Case{2, 2, 6, 2, 0.0f}, Case{3, 2, 6, 2, 0.5f}, Case{3, 2, 8, 3, 0.0f},
                       // Offsets 0, 1, 3, 4: fragment 0 merges at fragment 1's sync point.
-                      Case{2, 4, 6, 1, 0.5f}));
+                      Case{2, 4, 6, 1, 0.5f}),
+    [](const ::testing::TestParamInfo<Case>& info) { return name(info.param); });
 
 TEST(OuterSync, OverlapResumesBitForBitWithARoundInFlight) {
   const Case c{2, 2, 6, 2, 0.5f};

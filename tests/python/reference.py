@@ -285,3 +285,12 @@ class Q4ReduceScatter:
             self.res = new_res
         self.steps += 1
         return torch.stack(out)
+
+
+def streaming_merge(local: torch.Tensor, global_: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Streaming DiLoCo's merge of a round that arrived tau inner steps late: alpha * local + (1 - alpha) *
+    global in fp32, each product rounded on its own; alpha = 0 is the global parameters themselves."""
+    if alpha == 0.0:
+        return global_.clone()
+    a = torch.tensor(alpha, dtype=torch.float32)
+    return local * a + global_ * (torch.tensor(1.0, dtype=torch.float32) - a)

@@ -111,7 +111,7 @@ older_torch_stage() {
     # torch 2.7's CMake config looks for NVTX 3 in its own source tree unless told to use the toolkit's.
     cmake -S examples/cpp -B "build/example-cpp-$version" -G Ninja -DCMAKE_BUILD_TYPE=Release -DUSE_SYSTEM_NVTX=ON \
       -DCMAKE_PREFIX_PATH="$root/build/install-torch-$version;$torch_cmake_v" > /dev/null
-    cmake --build "build/example-cpp-$version" --target digits_trainer
+    cmake --build "build/example-cpp-$version"
     trainer_env=("GRADCOMP_CPP_TRAINER=$root/build/example-cpp-$version/digits_trainer")
   fi
   (cd tests/python && env "${trainer_env[@]}" "$venv_v/bin/python" -m pytest -q -rs -p no:cacheprovider "$@")

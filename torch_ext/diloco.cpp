@@ -19,7 +19,8 @@ namespace gradcomp {
 namespace torch_ext {
 namespace {
 
-constexpr int64_t kStateFormat = 1;
+// 2 adds the round in flight (overlap_steps > 0); format 1 states, which never hold one, load.
+constexpr int64_t kStateFormat = 2;
 
 at::Tensor scalar(int64_t v) {
   return at::tensor({v}, at::TensorOptions().dtype(at::kLong));
@@ -63,6 +64,14 @@ std::map<std::string, at::Tensor> outer_state_tensors(const OuterSyncState& s, i
     m["anchor." + std::to_string(f)] = floats_tensor(s.anchors[f]);
     m["momentum." + std::to_string(f)] = floats_tensor(s.momenta[f]);
   }
+  // The round in flight, finished by state() and merged at its step after a load: none or one.
+  std::vector<int64_t> pending;
+  for (const OuterPendingRound& p : s.pending) {
+    pending.insert(pending.end(), {static_cast<int64_t>(p.fragment),
+                                   static_cast<int64_t>(p.merge_step), p.finite ? 1 : 0});
+    m["pending_mean." + std::to_string(pending.size() / 3 - 1)] = floats_tensor(p.mean);
+  }
+  m["pending"] = at::tensor(pending, at::TensorOptions().dtype(at::kLong));
   m["seed"] = scalar(static_cast<int64_t>(s.compression.seed));
   m["residual_ids"] = ids_tensor(s.compression.residuals);
   m["chunk_residual_ids"] = ids_tensor(s.compression.chunk_residuals);
@@ -82,9 +91,9 @@ OuterSyncState outer_state_from_tensors(const std::function<at::Tensor(const std
     return t.item<int64_t>();
   };
   const int64_t format = one("format");
-  GRADCOMP_CHECK(format == kStateFormat, "not a gradcomp DiLoCo state of format "
-                                             << kStateFormat << " (its format is " << format
-                                             << ")");
+  GRADCOMP_CHECK(format == 1 || format == kStateFormat, "not a gradcomp DiLoCo state of format "
+                                                            << kStateFormat << " (its format is "
+                                                            << format << ")");
   // A count the core keeps in `bits` bits, or an error naming it.
   auto count = [](int64_t v, const std::string& name, int bits) {
     GRADCOMP_CHECK(v >= 0 && (bits >= 63 || v < (int64_t{1} << bits)),
@@ -104,6 +113,25 @@ OuterSyncState outer_state_from_tensors(const std::function<at::Tensor(const std
       std::vector<float> v(static_cast<size_t>(t.numel()));
       if (!v.empty()) std::memcpy(v.data(), t.data_ptr<float>(), v.size() * sizeof(float));
       (kind[0] == 'a' ? s.anchors : s.momenta).push_back(std::move(v));
+    }
+  }
+  if (format >= 2) {
+    const at::Tensor pending = checked(get("pending"), at::kLong, "pending");
+    GRADCOMP_CHECK(pending.numel() % 3 == 0,
+                   "DiLoCo state: pending holds " << pending.numel() << " values, not triples");
+    for (int64_t i = 0; i < pending.numel() / 3; ++i) {
+      OuterPendingRound p;
+      p.fragment =
+          static_cast<uint32_t>(count(pending[3 * i].item<int64_t>(), "pending fragment", 32));
+      p.merge_step = static_cast<uint64_t>(
+          count(pending[3 * i + 1].item<int64_t>(), "pending merge step", 63));
+      p.finite = pending[3 * i + 2].item<int64_t>() != 0;
+      const std::string name = "pending_mean." + std::to_string(i);
+      const at::Tensor t = checked(get(name), at::kFloat, name);
+      p.mean.resize(static_cast<size_t>(t.numel()));
+      if (!p.mean.empty())
+        std::memcpy(p.mean.data(), t.data_ptr<float>(), p.mean.size() * sizeof(float));
+      s.pending.push_back(std::move(p));
     }
   }
   s.compression.seed = static_cast<uint64_t>(one("seed"));
@@ -267,7 +295,7 @@ std::string DiLoCo::metrics_text() const {
   r.uncompressed_bytes = d.uncompressed_bytes;
   r.nonfinite_buckets = d.nonfinite_rounds;
   r.steps = d.inner_steps;
-  r.comm_seconds = d.seconds;
+  r.comm_seconds = d.seconds;  // what the caller waited: with overlap, the exposed part
   return prometheus_text(r, metric_labels(rank(), impl_->codec_name_, "diloco"));
 }
 
@@ -288,6 +316,11 @@ int DiLoCo::rank() const {
 
 int DiLoCo::world_size() const {
   return impl_->group_->getSize();
+}
+
+bool DiLoCo::flush() {
+  at::NoGradGuard no_grad;
+  return impl_->sync_->flush();
 }
 
 OuterSyncState DiLoCo::state() const {

@@ -355,6 +355,9 @@ PYBIND11_MODULE(_C, m) {
              o.outer.outer_momentum = options["outer_momentum"].cast<float>();
              o.outer.nesterov = options["nesterov"].cast<bool>();
              o.outer.fragments = options["fragments"].cast<uint32_t>();
+             o.outer.overlap_steps = options["overlap_steps"].cast<uint32_t>();
+             o.outer.mixing = options["mixing"].cast<float>();
+             o.outer.eager = options["eager"].cast<bool>();
              o.collective_timeout = parse_timeout(options);
              if (!options["intra_node"].is_none()) {
                o.node_groups.intra_node =
@@ -373,6 +376,11 @@ PYBIND11_MODULE(_C, m) {
              py::gil_scoped_release release;
              return call_core([&] { return d.step(); });
            })
+      .def("flush",
+           [](gradcomp::DiLoCo& d) {
+             py::gil_scoped_release release;
+             return call_core([&] { return d.flush(); });
+           })
       .def("fragments", &gradcomp::DiLoCo::fragments)
       .def("metrics_text", &gradcomp::DiLoCo::metrics_text)
       .def("stats",
@@ -387,12 +395,20 @@ PYBIND11_MODULE(_C, m) {
              out["ratio"] =
                  s.bytes_sent > 0 ? static_cast<double>(s.uncompressed_bytes) / s.bytes_sent : 0.0;
              out["seconds"] = s.seconds;
+             out["wait_seconds"] = s.wait_seconds;
+             out["background_seconds"] = s.background_seconds;
              return out;
            })
       .def("state_dict",
            [](const gradcomp::DiLoCo& d) {
+             gradcomp::OuterSyncState state;
+             {
+               // With a round in flight, state() waits for its allreduce.
+               py::gil_scoped_release release;
+               state = call_core([&] { return d.state(); });
+             }
              py::dict out;
-             for (const auto& kv : outer_state_tensors(d.state(), d.world_size()))
+             for (const auto& kv : outer_state_tensors(state, d.world_size()))
                out[py::str(kv.first)] = kv.second;
              return out;
            })

@@ -11,6 +11,7 @@
 #include "backend_buffer.h"
 #include "math/half.h"
 #include "math/outer_math.h"
+#include "outer_sync_parts.h"
 
 namespace gradcomp {
 
@@ -25,15 +26,17 @@ void OuterSyncOptions::validate() const {
   GRADCOMP_CHECK(
       fragments >= 1 && fragments <= inner_steps,
       "DiLoCo fragments must be in [1, inner_steps = " << inner_steps << "], got " << fragments);
+  GRADCOMP_CHECK(uint64_t{overlap_steps} * fragments < inner_steps,
+                 "DiLoCo overlap_steps (tau) = "
+                     << overlap_steps << " must be below inner_steps / fragments = " << inner_steps
+                     << " / " << fragments
+                     << ": a fragment's round merges before the next fragment's sync starts");
+  GRADCOMP_CHECK(mixing >= 0.0f && mixing <= 1.0f,
+                 "DiLoCo mixing (alpha) must be in [0, 1], got " << mixing);
+  GRADCOMP_CHECK(!eager,
+                 "DiLoCo eager updates (eager=True) are not implemented yet; use overlap_steps "
+                 "and mixing without eager");
 }
-
-struct OuterSync::Fragment {
-  int64_t first = 0, end = 0;  // parameter indices [first, end)
-  int64_t numel = 0;
-  uint32_t round = 0;
-  std::vector<float> anchor, momentum;
-  detail::BackendBuffer gradient;  // the outer gradient, fp32, in the backend's memory
-};
 
 OuterSync::OuterSync(Communicator& comm, Backend& backend, const CompressionConfig& config,
                      const OuterSyncOptions& options, std::vector<OuterParam> params)
@@ -60,7 +63,11 @@ OuterSync::OuterSync(NodeGroups groups, Backend& backend, const CompressionConfi
   init(std::move(params));
 }
 
-OuterSync::~OuterSync() = default;
+OuterSync::~OuterSync() {
+  // The round's thread uses this object: it finishes (or its transport times out) first. Its
+  // error, if any, is dropped with the object.
+  if (in_flight_ && in_flight_->thread.joinable()) in_flight_->thread.join();
+}
 
 void OuterSync::init(std::vector<OuterParam> params) {
   GRADCOMP_CHECK(allreduce_->config().remedies.momentum == 0.0f,
@@ -69,6 +76,9 @@ void OuterSync::init(std::vector<OuterParam> params) {
   GRADCOMP_CHECK(params.size() >= options_.fragments,
                  "DiLoCo fragments = " << options_.fragments << " but only " << params.size()
                                        << " parameter tensors to split among them");
+  GRADCOMP_CHECK(options_.overlap_steps == 0 || !backend_.is_cuda(),
+                 "DiLoCo overlap_steps (tau) > 0 runs on CPU parameters only so far; on CUDA "
+                 "use overlap_steps=0");
   int64_t total = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     GRADCOMP_CHECK(params[i].numel > 0 && params[i].data != nullptr,
@@ -126,15 +136,22 @@ OuterSyncStats OuterSync::stats() const {
 }
 
 int OuterSync::step() {
+  GRADCOMP_CHECK(failed_.empty(), failed_);
   ++inner_step_;
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.inner_steps;
   }
+  // The merge first: it may fall on the next fragment's sync point.
+  if (in_flight_ && in_flight_->merge_step == inner_step_) merge_round();
   int synced = 0;
   for (uint32_t f = 0; f < fragments_.size(); ++f) {
     if (!due(f, inner_step_)) continue;
-    sync_fragment(f);
+    if (options_.overlap_steps > 0) {
+      start_round(f);
+    } else {
+      sync_fragment(f);
+    }
     ++synced;
   }
   return synced;
@@ -180,7 +197,8 @@ void OuterSync::agree(uint32_t fragment) {
   struct Position {
     uint64_t inner_step;
     uint32_t fragment, round, inner_steps, fragments;
-    uint32_t unused;  // no padding of indeterminate bytes on the wire
+    // Also fills what would be padding of indeterminate bytes on the wire.
+    uint32_t overlap_steps;
     // Set by a rank that found a disagreement at an earlier level (inside its node): it still
     // takes part in the next levels' allgathers, so that every node learns of it and raises
     // instead of waiting out the timeout for ranks that already left.
@@ -191,7 +209,7 @@ void OuterSync::agree(uint32_t fragment) {
                 fragments_[fragment].round,
                 options_.inner_steps,
                 static_cast<uint32_t>(fragments_.size()),
-                0,
+                options_.overlap_steps,
                 0};
   std::string error;
   for (const auto& [comm, name] : agreement_) {
@@ -213,7 +231,7 @@ void OuterSync::agree(uint32_t fragment) {
           << ", fragment " << mine.fragment << " round " << mine.round;
       } else if (o.inner_step != mine.inner_step || o.fragment != mine.fragment ||
                  o.round != mine.round || o.inner_steps != mine.inner_steps ||
-                 o.fragments != mine.fragments) {
+                 o.fragments != mine.fragments || o.overlap_steps != mine.overlap_steps) {
         m << "DiLoCo: ranks disagree before a sync: this rank (rank " << comm->rank() << " of "
           << name << ") is at inner step " << mine.inner_step << ", fragment " << mine.fragment
           << " round " << mine.round << " (H " << mine.inner_steps << ", " << mine.fragments
@@ -221,6 +239,9 @@ void OuterSync::agree(uint32_t fragment) {
           << o.fragment << " round " << o.round << " (H " << o.inner_steps << ", " << o.fragments
           << " fragments). Every rank must run with the same H and fragments and resume from "
              "the same round";
+        if (o.overlap_steps != mine.overlap_steps)
+          m << " (and overlap_steps: " << mine.overlap_steps << " here, " << o.overlap_steps
+            << " on rank " << w << ")";
       }
       error = m.str();
     }
@@ -230,52 +251,98 @@ void OuterSync::agree(uint32_t fragment) {
 }
 
 void OuterSync::sync_fragment(uint32_t index) {
+  GRADCOMP_CHECK(failed_.empty(), failed_);
   GRADCOMP_CHECK(index < fragments_.size(),
                  "DiLoCo fragment " << index << " of " << fragments_.size());
+  GRADCOMP_CHECK(!in_flight_, "DiLoCo: sync_fragment(" << index << ") while fragment "
+                                                       << (in_flight_ ? in_flight_->fragment : 0)
+                                                       << "'s round is in flight; flush() first");
   const auto start = std::chrono::steady_clock::now();
   // Bytes are counted where they are sent: by the communicators, around everything this sync puts
   // on the wire (the agreement and the allreduce).
   uint64_t sent_before = 0;
   for (const Communicator* c : comms_) sent_before += c->bytes_sent();
   agree(index);
-  Fragment& f = fragments_[index];
-  const size_t n = static_cast<size_t>(f.numel);
-  // The outer gradient, in place of the parameters' fp32 copy: on the CPU that copy is the
-  // allreduce's buffer itself, on CUDA a host one staged to it and back.
-  float* buffer = reinterpret_cast<float*>(f.gradient.get());
-  std::vector<float> host(backend_.is_cuda() ? n : 0);
-  float* g = backend_.is_cuda() ? host.data() : buffer;
-  read_params(f, g);
-  for (size_t e = 0; e < n; ++e) g[e] = math::outer_gradient(f.anchor[e], g[e]);
-  if (backend_.is_cuda()) backend_.copy_from_host(buffer, g, n * sizeof(float));
-  allreduce_->set_step(f.round);
-  const Segment segment{buffer, 0, f.numel};
-  const bool finite = allreduce_->allreduce(&segment, 1, DType::kFloat32, index);
-  uint64_t sent_after = 0;
-  for (const Communicator* c : comms_) sent_after += c->bytes_sent();
-  {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_.bytes_sent += sent_after - sent_before;
-    stats_.uncompressed_bytes += ring_allreduce_bytes(f.numel, DType::kFloat32, world_);
-    ++stats_.rounds;
-    if (!finite) ++stats_.nonfinite_rounds;
-  }
-  if (finite) {
-    if (backend_.is_cuda()) backend_.copy_to_host(g, buffer, n * sizeof(float));
-    for (size_t e = 0; e < n; ++e)
-      f.anchor[e] = math::outer_sgd(f.anchor[e], g[e], &f.momentum[e], options_.outer_lr,
-                                    options_.outer_momentum, options_.nesterov);
-    ++f.round;
-  }
-  write_params(f, f.anchor);
+  prepare(fragments_[index]);
+  const bool finite = reduce(index);
+  count_round(fragments_[index], sent_before, finite);
+  apply(index, finite, options_.mixing);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.seconds += seconds;
 }
 
-OuterSyncState OuterSync::state() const {
+void OuterSync::prepare(Fragment& f) {
+  const size_t n = static_cast<size_t>(f.numel);
+  // The outer gradient, in place of the parameters' fp32 copy: on the CPU that copy is the
+  // allreduce's buffer itself, on CUDA a host one staged to it.
+  float* buffer = reinterpret_cast<float*>(f.gradient.get());
+  std::vector<float> host(backend_.is_cuda() ? n : 0);
+  float* g = backend_.is_cuda() ? host.data() : buffer;
+  read_params(f, g);
+  for (size_t e = 0; e < n; ++e) g[e] = math::outer_gradient(f.anchor[e], g[e]);
+  if (backend_.is_cuda()) backend_.copy_from_host(buffer, g, n * sizeof(float));
+}
+
+bool OuterSync::reduce(uint32_t index) {
+  const Fragment& f = fragments_[index];
+  allreduce_->set_step(f.round);
+  const Segment segment{f.gradient.get(), 0, f.numel};
+  return allreduce_->allreduce(&segment, 1, DType::kFloat32, index);
+}
+
+void OuterSync::count_round(const Fragment& f, uint64_t sent_before, bool finite) {
+  uint64_t sent_after = 0;
+  for (const Communicator* c : comms_) sent_after += c->bytes_sent();
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.bytes_sent += sent_after - sent_before;
+  stats_.uncompressed_bytes += ring_allreduce_bytes(f.numel, DType::kFloat32, world_);
+  ++stats_.rounds;
+  if (!finite) ++stats_.nonfinite_rounds;
+}
+
+void OuterSync::apply(uint32_t index, bool finite, float mixing) {
+  Fragment& f = fragments_[index];
+  const size_t n = static_cast<size_t>(f.numel);
+  if (!finite) {
+    write_params(f, f.anchor);
+    return;
+  }
+  float* buffer = reinterpret_cast<float*>(f.gradient.get());
+  std::vector<float> host(backend_.is_cuda() ? n : 0);
+  float* g = backend_.is_cuda() ? host.data() : buffer;
+  if (backend_.is_cuda()) backend_.copy_to_host(g, buffer, n * sizeof(float));
+  for (size_t e = 0; e < n; ++e)
+    f.anchor[e] = math::outer_sgd(f.anchor[e], g[e], &f.momentum[e], options_.outer_lr,
+                                  options_.outer_momentum, options_.nesterov);
+  ++f.round;
+  if (mixing == 0.0f) {
+    write_params(f, f.anchor);
+    return;
+  }
+  std::vector<float> local(n);
+  read_params(f, local.data());
+  for (size_t e = 0; e < n; ++e) local[e] = math::outer_mix(local[e], f.anchor[e], mixing);
+  write_params(f, local);
+}
+
+OuterSyncState OuterSync::state() {
+  GRADCOMP_CHECK(failed_.empty(), failed_);
   OuterSyncState s;
+  if (in_flight_) {
+    // Finished, then saved: the mean is kept and merges at its step after a load, as it would
+    // have here, so a resume is bit-exact whatever the round's timing.
+    finish_round();
+    const Fragment& f = fragments_[in_flight_->fragment];
+    OuterPendingRound p;
+    p.fragment = in_flight_->fragment;
+    p.merge_step = in_flight_->merge_step;
+    p.finite = in_flight_->finite;
+    p.mean.resize(static_cast<size_t>(f.numel));
+    backend_.copy_to_host(p.mean.data(), f.gradient.get(), p.mean.size() * sizeof(float));
+    s.pending.push_back(std::move(p));
+  }
   s.inner_steps = options_.inner_steps;
   s.inner_step = inner_step_;
   for (const Fragment& f : fragments_) {
@@ -307,6 +374,23 @@ void OuterSync::load_state(const OuterSyncState& s) {
                      "DiLoCo state's fragment " << f << " holds a non-finite anchor or momentum "
                                                 << "at element " << e);
   }
+  GRADCOMP_CHECK(s.pending.empty() || options_.overlap_steps > 0,
+                 "DiLoCo state holds a round in flight (saved with overlap_steps > 0); this run "
+                 "has overlap_steps = 0");
+  GRADCOMP_CHECK(s.pending.size() <= 1,
+                 "DiLoCo state holds " << s.pending.size() << " rounds in flight, at most 1");
+  for (const OuterPendingRound& p : s.pending) {
+    GRADCOMP_CHECK(
+        p.fragment < count && p.mean.size() == static_cast<size_t>(fragments_[p.fragment].numel),
+        "DiLoCo state's round in flight is of fragment "
+            << p.fragment << " with " << p.mean.size()
+            << " elements, which this run's fragments do not match");
+    GRADCOMP_CHECK(
+        p.merge_step > s.inner_step && p.merge_step <= s.inner_step + options_.overlap_steps,
+        "DiLoCo state's round in flight merges after inner step "
+            << p.merge_step << ", not within overlap_steps = " << options_.overlap_steps
+            << " of the state's inner step " << s.inner_step);
+  }
   // Residuals: only of this run's fragments, each of the size its allreduce keeps.
   const int local = allreduce_->local_world_size();
   const int peers = world_ / local;  // the ranks each shard's compressed allreduce spans
@@ -326,12 +410,27 @@ void OuterSync::load_state(const OuterSyncState& s) {
   };
   check(s.compression.residuals, false);
   check(s.compression.chunk_residuals, true);
+  // A round of this object still running writes residuals: it ends before they are replaced.
+  if (in_flight_ && in_flight_->thread.joinable()) in_flight_->thread.join();
+  in_flight_.reset();
+  failed_.clear();
   allreduce_->load_state(s.compression);
   inner_step_ = s.inner_step;
   for (size_t f = 0; f < count; ++f) {
     fragments_[f].round = s.rounds[f];
     fragments_[f].anchor = s.anchors[f];
     fragments_[f].momentum = s.momenta[f];
+  }
+  for (const OuterPendingRound& p : s.pending) {
+    Fragment& f = fragments_[p.fragment];
+    backend_.copy_from_host(f.gradient.get(), p.mean.data(), p.mean.size() * sizeof(float));
+    in_flight_ = std::make_unique<InFlight>();
+    in_flight_->fragment = p.fragment;
+    in_flight_->round = f.round;
+    in_flight_->merge_step = p.merge_step;
+    in_flight_->sync_step = p.merge_step - options_.overlap_steps;
+    in_flight_->finished = true;  // its bytes were counted by the run that saved it
+    in_flight_->finite = p.finite;
   }
 }
 

@@ -23,5 +23,11 @@ GRADCOMP_HD float outer_sgd(float anchor, float g, float* buf, float lr, float m
   return sub_rn(anchor, mul_rn(update, lr));
 }
 
+// Streaming DiLoCo's merge of a fragment whose round arrived late: alpha * local + (1 - alpha) *
+// global, each product rounded on its own (as two tensor multiplies and an add compute it).
+GRADCOMP_HD float outer_mix(float local, float global, float alpha) {
+  return add_rn(mul_rn(alpha, local), mul_rn(sub_rn(1.0f, alpha), global));
+}
+
 }  // namespace math
 }  // namespace gradcomp

@@ -31,7 +31,8 @@ class DiLoCo:
     outer momentum, round counters, residuals; save the model and the inner optimizer beside it)."""
 
     def __init__(self, params, optimizer=None, codec=None, *, inner_steps=100, outer_lr=0.7, outer_momentum=0.9,
-                 nesterov=True, fragments=1, process_group=None, local_world_size=None, timeout=None):
+                 nesterov=True, fragments=1, overlap_steps=0, mixing=0.0, eager=False, process_group=None,
+                 local_world_size=None, timeout=None):
         codec = Q4() if codec is None else codec
         if isinstance(codec, NoCompression) or not isinstance(codec, (Q4, Q2, TopK)):
             raise ValueError(f"gradcomp DiLoCo sends outer gradients compressed: pass gradcomp.Q4, gradcomp.Q2 or "
@@ -39,6 +40,12 @@ class DiLoCo:
                              f"got {codec!r}")
         _positive_int("inner_steps", inner_steps)
         _positive_int("fragments", fragments)
+        _positive_int("overlap_steps", overlap_steps, low=0)
+        if isinstance(mixing, bool) or not isinstance(mixing, (int, float)) or not 0.0 <= mixing <= 1.0:
+            raise ValueError(f"mixing (alpha) must be a number in [0, 1], got {mixing!r}")
+        if eager:
+            raise ValueError("gradcomp DiLoCo: eager updates (eager=True) are not implemented yet; use "
+                             "overlap_steps and mixing without eager")
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.params = list(params)
@@ -56,6 +63,7 @@ class DiLoCo:
         intra, inter = node_groups(self.process_group, local_world_size)
         options = {**codec._options(), "inner_steps": inner_steps, "outer_lr": float(outer_lr),
                    "outer_momentum": float(outer_momentum), "nesterov": bool(nesterov), "fragments": fragments,
+                   "overlap_steps": overlap_steps, "mixing": float(mixing), "eager": bool(eager),
                    "timeout": timeout, "intra_node": intra, "inter_node": inter}
         self._native = _C.DiLoCo([p.detach() for p in self.params], self.process_group, options)
         self._handle = optimizer.register_step_post_hook(lambda *_: self.step()) if optimizer is not None else None
@@ -63,6 +71,11 @@ class DiLoCo:
     def step(self) -> int:
         """Counts one inner step and syncs the fragments due; returns how many synced."""
         return self._native.step()
+
+    def flush(self) -> bool:
+        """With ``overlap_steps`` > 0: waits for the round in flight and merges it now (call it after the
+        last inner step, before evaluating or saving the final model). Returns whether there was one."""
+        return self._native.flush()
 
     def fragments(self):
         """The parameter positions of each fragment (streaming DiLoCo), in order."""
@@ -95,7 +108,11 @@ def diloco(model, optimizer=None, codec=None, **options) -> DiLoCo:
     Every rank must call it (it broadcasts rank 0's parameters, so a resumed run loads its model,
     optimizer and DiLoCo checkpoints after it: mid-round each rank's parameters are its own). Options:
     ``inner_steps`` (H, 100), ``outer_lr`` (0.7), ``outer_momentum`` (0.9), ``nesterov`` (True), ``fragments``
-    (1; streaming: the parameters in this many fragments whose rounds are staggered), ``process_group``,
+    (1; streaming: the parameters in this many fragments whose rounds are staggered), ``overlap_steps``
+    (tau, 0; > 0: a fragment's round runs in the background and merges tau inner steps after its sync point;
+    tau * fragments < H; CPU parameters only so far), ``mixing`` (alpha, 0.0: at the merge the fragment
+    becomes alpha * local + (1 - alpha) * global), ``eager`` (not implemented: True is refused),
+    ``process_group`` (with overlap_steps > 0, a group the program uses for nothing else meanwhile),
     ``local_world_size`` (ranks per node for the hierarchical allreduce; None, the default: the launcher's
     ranks per node when the job spans several nodes, as ``register``'s), ``timeout`` (seconds). Only
     parameters are synced: buffers (BatchNorm's statistics) stay each rank's own.

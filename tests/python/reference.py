@@ -320,3 +320,12 @@ def int8_all_gather(rows: list, runs=None, block: int = 64) -> torch.Tensor:
             at += size
         out.append(torch.cat(parts))
     return torch.cat(out)
+
+
+def streaming_merge(local: torch.Tensor, global_: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Streaming DiLoCo's merge of a round that arrived tau inner steps late: alpha * local + (1 - alpha) *
+    global in fp32, each product rounded on its own; alpha = 0 is the global parameters themselves."""
+    if alpha == 0.0:
+        return global_.clone()
+    a = torch.tensor(alpha, dtype=torch.float32)
+    return local * a + global_ * (torch.tensor(1.0, dtype=torch.float32) - a)

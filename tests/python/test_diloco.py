@@ -37,6 +37,13 @@ def test_streaming_fragments_sync_staggered_and_equal_the_reference():
     assert all(s["rounds"] == 6 for s in stats), stats  # 2 fragments over 13 steps of H = 4
 
 
+def test_overlap_tau_and_mixing_alpha_equal_the_streaming_reference():
+    """Rounds in the background merged tau = 2 steps late with alpha = 0.5 (two fragments), and a state_dict
+    taken mid-overlap, against workers_diloco.OverlapReference."""
+    stats = launch("workers_diloco", "overlapped_trains_like_the_reference", 2)
+    assert all(s["rounds"] == 6 for s in stats), stats
+
+
 def test_hierarchical_two_by_two_equals_the_reference():
     assert launch("workers_diloco", "trains_like_the_reference", 4, "hierarchical")
 

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "gradcomp/backend.h"
@@ -26,6 +27,18 @@ struct OuterSyncOptions {
   // fragment f syncs after inner steps t with t mod H = f * H / fragments (so the rounds of the
   // fragments are staggered and each exchange moves 1 / fragments of the model). 1: all at once.
   uint32_t fragments = 1;
+  // Streaming DiLoCo's overlap (tau): a fragment's round runs on a background thread while the
+  // caller's inner steps go on, and is merged overlap_steps inner steps after its sync point.
+  // 0: the round blocks the step that starts it (the merge is at once). Needs
+  // overlap_steps * fragments < inner_steps, so that a round is merged at or before the next
+  // fragment's sync point and one round at a time uses the communicators.
+  uint32_t overlap_steps = 0;
+  // alpha: at the merge the fragment's parameters become alpha * local + (1 - alpha) * global,
+  // local being the parameters then (overlap_steps inner steps past the sync point), global the
+  // new anchor. 0: the parameters are the anchor (as without overlap).
+  float mixing = 0.0f;
+  // Eager updates (Kale et al. 2025): not implemented; true is refused by name.
+  bool eager = false;
   void validate() const;
 };
 
@@ -42,7 +55,21 @@ struct OuterSyncStats {
   uint64_t nonfinite_rounds = 0;  // syncs whose mean was not finite (parameters reset instead)
   uint64_t bytes_sent = 0;  // by this rank, as its communicators counted them (agreement included)
   uint64_t uncompressed_bytes = 0;  // what an fp32 ring allreduce of the same rounds would send
-  double seconds = 0.0;             // spent in outer steps (math, copies, the allreduce)
+  // Seconds the caller's thread spent in outer steps (math, copies, the agreement, the allreduce
+  // or the wait for it): the communication training sees.
+  double seconds = 0.0;
+  // overlap_steps > 0: of `seconds`, the part spent waiting at the merge for a round still
+  // running (the exposed communication), and the seconds the rounds ran in the background.
+  double wait_seconds = 0.0;
+  double background_seconds = 0.0;
+};
+
+// A round whose allreduce finished but whose merge is still to come (overlap_steps > 0).
+struct OuterPendingRound {
+  uint32_t fragment = 0;
+  uint64_t merge_step = 0;  // the inner step after which it merges
+  bool finite = true;
+  std::vector<float> mean;  // the allreduce's mean outer gradient
 };
 
 // Everything an exact resume needs, per rank. Anchors and momenta are the same on every rank.
@@ -53,6 +80,9 @@ struct OuterSyncState {
   std::vector<std::vector<float>> anchors;  // per fragment: its parameters at the last sync
   std::vector<std::vector<float>> momenta;  // per fragment: the outer optimizer's buffer
   CompressionState compression;             // the allreduce's residuals, keyed by fragment
+  // overlap_steps > 0: the round in flight when the state was taken, finished first (state()
+  // waits for its allreduce) and merged at its step after a load. Empty otherwise.
+  std::vector<OuterPendingRound> pending;
 };
 
 // Runs the outer rounds over the parameters it is given (their memory must stay where it is).
@@ -67,6 +97,14 @@ struct OuterSyncState {
 // When the mean is not finite (a rank diverged), every rank resets the fragment's parameters to
 // its anchor, and the anchor, the buffer and the residuals stay as they were (the diverged rank's
 // inner optimizer state is the program's to restore).
+//
+// With overlap_steps = tau > 0 the sync point computes g and starts the allreduce on a thread
+// of this object, and the merge tau inner steps later (in step()) waits for it, takes the outer
+// step on the anchor and sets param = alpha * param + (1 - alpha) * anchor. A non-finite mean
+// found at the merge resets the fragment to its anchor on every rank, as above. A failed round
+// (a transport error, a peer gone, a bad payload) raises at the merge, on every rank, naming the
+// fragment and round; the object is then spent until a state is loaded. Nothing else
+// may use the communicators while a round is in flight: the agreement runs before it starts.
 //
 // Before each sync the ranks agree that they are at the same inner step, fragment and round,
 // with the same H and fragment count (a small allgather; inside and then across nodes when
@@ -86,8 +124,12 @@ class OuterSync {
   // Counts one inner step (call it after the inner optimizer's step) and syncs the fragments due.
   // Returns how many fragments synced.
   int step();
-  // Syncs one fragment now, whatever the step count.
+  // Syncs one fragment now, whatever the step count, blocking (no overlap). Refused while a
+  // round is in flight.
   void sync_fragment(uint32_t fragment);
+  // Waits for the round in flight, if any, and merges it now (before its step): for the end of
+  // training. Returns whether there was one.
+  bool flush();
 
   const OuterSyncOptions& options() const { return options_; }
   uint32_t fragments() const;
@@ -99,7 +141,8 @@ class OuterSync {
   // their own, never held across a collective.
   OuterSyncStats stats() const;
 
-  OuterSyncState state() const;
+  // With a round in flight, waits for its allreduce first (the merge stays at its step).
+  OuterSyncState state();
   // Refuses a state of another layout (H, fragment count or sizes, residual sizes) or with
   // non-finite anchors or momenta with an Error, changing nothing. The parameters are left as
   // they are: restore them (the model's checkpoint) as well.
@@ -113,6 +156,17 @@ class OuterSync {
   void write_params(const Fragment& f, const std::vector<float>& values);
   // Raises unless every rank is about to sync `fragment` at the same inner step and round.
   void agree(uint32_t fragment);
+  // The outer gradient of a fragment into its gradient buffer, and the allreduce of it.
+  void prepare(Fragment& f);
+  bool reduce(uint32_t index);
+  // The outer step with the mean in the gradient buffer (or the reset), and the merge.
+  void apply(uint32_t index, bool finite, float mixing);
+  void count_round(const Fragment& f, uint64_t sent_before, bool finite);
+  // Overlap (outer_sync_overlap.cpp): start a round on the thread, wait for it, merge it.
+  struct InFlight;
+  void start_round(uint32_t index);
+  void finish_round();
+  void merge_round();
 
   Backend& backend_;
   OuterSyncOptions options_;
@@ -127,7 +181,9 @@ class OuterSync {
   // Every communicator a sync sends through (flat: one; hierarchical: the node's and across nodes).
   std::vector<Communicator*> comms_;
   uint64_t inner_step_ = 0;
-  mutable std::mutex stats_mu_;  // stats_ only
+  std::unique_ptr<InFlight> in_flight_;  // the round on the thread or awaiting its merge
+  std::string failed_;                   // a background round's error: set until a state is loaded
+  mutable std::mutex stats_mu_;          // stats_ only
   OuterSyncStats stats_;
 };
 

@@ -190,6 +190,8 @@ class DiLoCo {
 
   // After each inner optimizer step: counts it and syncs the fragments due (returns how many).
   int step();
+  // overlap_steps > 0: waits for the round in flight and merges it now (the end of training).
+  bool flush();
   OuterSyncStats stats() const;
   // This rank's counters in Prometheus's text format, front_end="diloco": a round counts as one
   // bucket (gradcomp_buckets_total), an inner step as a step, a diverged round as a non-finite

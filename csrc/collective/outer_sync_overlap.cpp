@@ -1,0 +1,105 @@
+// Streaming DiLoCo's overlap: a fragment's allreduce on a thread of OuterSync, merged tau steps on.
+#include <chrono>
+#include <exception>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "gradcomp/outer_sync.h"
+#include "outer_sync_parts.h"
+
+namespace gradcomp {
+namespace {
+
+double since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+void OuterSync::start_round(uint32_t index) {
+  GRADCOMP_CHECK(!in_flight_, "DiLoCo: fragment " << index << " is due while fragment "
+                                                  << in_flight_->fragment
+                                                  << "'s round is still in flight");
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t sent_before = 0;
+  for (const Communicator* c : comms_) sent_before += c->bytes_sent();
+  // On the caller's thread, before the round's thread exists: the two never share a communicator.
+  agree(index);
+  Fragment& f = fragments_[index];
+  prepare(f);
+  auto round = std::make_unique<InFlight>();
+  round->fragment = index;
+  round->round = f.round;
+  round->sync_step = inner_step_;
+  round->merge_step = inner_step_ + options_.overlap_steps;
+  round->sent_before = sent_before;
+  InFlight* r = round.get();
+  // Until the join the thread alone touches the allreduce (its residuals) and the fragment's
+  // gradient buffer; the caller's inner steps write only the parameters, which the round never
+  // reads. Nothing escapes the thread: its error waits for the merge.
+  round->thread = std::thread([this, r] {
+    const auto begin = std::chrono::steady_clock::now();
+    try {
+      r->finite = reduce(r->fragment);
+    } catch (...) {
+      r->error = std::current_exception();
+    }
+    r->seconds = since(begin);
+  });
+  in_flight_ = std::move(round);
+  const double seconds = since(start);
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.seconds += seconds;
+}
+
+void OuterSync::finish_round() {
+  InFlight& r = *in_flight_;
+  if (r.finished) return;
+  const auto start = std::chrono::steady_clock::now();
+  r.thread.join();
+  r.finished = true;
+  const double waited = since(start);
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.seconds += waited;
+    stats_.wait_seconds += waited;
+    stats_.background_seconds += r.seconds;
+  }
+  if (r.error) {
+    std::string what = "an unknown error";
+    try {
+      std::rethrow_exception(r.error);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    std::ostringstream m;
+    m << "DiLoCo: the background round of fragment " << r.fragment << " (round " << r.round
+      << ", synced after inner step " << r.sync_step << ") failed: " << what
+      << ". The outer state is now unknown: load a checkpoint to go on";
+    failed_ = m.str();
+    in_flight_.reset();
+    GRADCOMP_CHECK(false, failed_);
+  }
+  count_round(fragments_[r.fragment], r.sent_before, r.finite);
+}
+
+bool OuterSync::flush() {
+  GRADCOMP_CHECK(failed_.empty(), failed_);
+  if (!in_flight_) return false;
+  merge_round();
+  return true;
+}
+
+void OuterSync::merge_round() {
+  finish_round();
+  const auto start = std::chrono::steady_clock::now();
+  apply(in_flight_->fragment, in_flight_->finite, options_.mixing);
+  in_flight_.reset();
+  const double seconds = since(start);
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.seconds += seconds;
+}
+
+}  // namespace gradcomp

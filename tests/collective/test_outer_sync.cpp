@@ -14,33 +14,20 @@
 #include "gradcomp/cpu.h"
 #include "gradcomp/inprocess_group.h"
 #include "gradcomp/outer_sync.h"
+#include "outer_sync_reference.h"
 #include "run_ranks.h"
 
 namespace gradcomp {
 namespace {
 
+using testing::drift;
 using testing::run_ranks;
+using testing::sgd_reference;
 
 CompressionConfig q4_config() {
   CompressionConfig c;
   c.seed = 5;
   return c;
-}
-
-// Inner "training" of rank r at step t: a deterministic drift of every element.
-float drift(int rank, uint64_t t, size_t e) {
-  return 0.01f * static_cast<float>((rank + 1) * ((e * 7 + t * 3) % 11)) - 0.04f;
-}
-
-// Writing each product to a volatile keeps the compiler from fusing it with the add.
-float sgd_reference(float anchor, float g, float* buf, float lr, float mu) {
-  volatile float p = *buf * mu;
-  const float b = p + g;
-  *buf = b;
-  volatile float q = b * mu;
-  const float update = g + q;
-  volatile float r = update * lr;
-  return anchor - r;
 }
 
 struct Ranks {

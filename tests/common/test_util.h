@@ -58,14 +58,18 @@ struct Q4Encoded {
   std::vector<float> residual;  // new residual (fp32), empty without error feedback
 };
 
-// Encodes one tensor; residual_in may be empty (zeros) and error feedback is on when ef is set.
-inline Q4Encoded q4_encode_tensor(HostTensor& x, int block, bool stochastic, math::RngKey key,
-                                  const std::vector<float>& residual_in = {}, bool ef = false,
-                                  int threads = 1) {
+// Encodes one tensor with q4 or q2 (codec kCodecQ4 or kCodecQ2: the same params structs);
+// residual_in may be empty (zeros) and error feedback is on when ef is set.
+inline Q4Encoded block_encode_tensor(uint8_t codec, HostTensor& x, int block, bool stochastic,
+                                     math::RngKey key, const std::vector<float>& residual_in,
+                                     bool ef, int threads) {
+  const bool q2 = codec == format::kCodecQ2;
   Q4Encoded out;
-  out.payload.assign(q4_payload_bytes(x.numel, block), 0xAB);
+  out.payload.assign(q2 ? q2_payload_bytes(x.numel, block) : q4_payload_bytes(x.numel, block),
+                     0xAB);
   Segment seg = x.segment();
   Q4EncodeParams p;
+  p.codec = codec;
   p.segments = &seg;
   p.num_segments = 1;
   p.dtype = code(x.dtype);
@@ -79,77 +83,62 @@ inline Q4Encoded q4_encode_tensor(HostTensor& x, int block, bool stochastic, mat
     out.residual.assign(static_cast<size_t>(x.numel), 0.0f);
     p.residual_out = out.residual.data();
   }
-  cpu::q4_encode(p, threads);
+  if (q2) {
+    cpu::q2_encode(p, threads);
+  } else {
+    cpu::q4_encode(p, threads);
+  }
   return out;
+}
+
+inline HostTensor block_decode_payloads(uint8_t codec,
+                                        const std::vector<const std::vector<uint8_t>*>& payloads,
+                                        int64_t numel, int block, DType out_dtype, float divisor) {
+  HostTensor out(out_dtype, numel);
+  Segment seg = out.segment();
+  std::vector<const uint8_t*> ptrs;
+  for (auto* p : payloads) ptrs.push_back(p->data());
+  Q4DecodeParams d;
+  d.codec = codec;
+  d.payloads = ptrs.data();
+  d.num_payloads = static_cast<int>(ptrs.size());
+  d.payload_bytes = payloads[0]->size();
+  d.numel = numel;
+  d.block_size = static_cast<uint32_t>(block);
+  d.segments = &seg;
+  d.num_segments = 1;
+  d.dtype = code(out_dtype);
+  d.divisor = divisor;
+  if (codec == format::kCodecQ2) {
+    cpu::q2_decode(d);
+  } else {
+    cpu::q4_decode(d);
+  }
+  return out;
+}
+
+inline Q4Encoded q4_encode_tensor(HostTensor& x, int block, bool stochastic, math::RngKey key,
+                                  const std::vector<float>& residual_in = {}, bool ef = false,
+                                  int threads = 1) {
+  return block_encode_tensor(format::kCodecQ4, x, block, stochastic, key, residual_in, ef, threads);
 }
 
 inline HostTensor q4_decode_payloads(const std::vector<const std::vector<uint8_t>*>& payloads,
                                      int64_t numel, int block, DType out_dtype,
                                      float divisor = 1.0f) {
-  HostTensor out(out_dtype, numel);
-  Segment seg = out.segment();
-  std::vector<const uint8_t*> ptrs;
-  for (auto* p : payloads) ptrs.push_back(p->data());
-  Q4DecodeParams d;
-  d.payloads = ptrs.data();
-  d.num_payloads = static_cast<int>(ptrs.size());
-  d.payload_bytes = payloads[0]->size();
-  d.numel = numel;
-  d.block_size = static_cast<uint32_t>(block);
-  d.segments = &seg;
-  d.num_segments = 1;
-  d.dtype = code(out_dtype);
-  d.divisor = divisor;
-  cpu::q4_decode(d);
-  return out;
+  return block_decode_payloads(format::kCodecQ4, payloads, numel, block, out_dtype, divisor);
 }
 
-// q2 through the same params structs (codec kCodecQ2).
 inline Q4Encoded q2_encode_tensor(HostTensor& x, int block, bool stochastic, math::RngKey key,
                                   const std::vector<float>& residual_in = {}, bool ef = false,
                                   int threads = 1) {
-  Q4Encoded out;
-  out.payload.assign(q2_payload_bytes(x.numel, block), 0xAB);
-  Segment seg = x.segment();
-  Q4EncodeParams p;
-  p.codec = format::kCodecQ2;
-  p.segments = &seg;
-  p.num_segments = 1;
-  p.dtype = code(x.dtype);
-  p.numel = x.numel;
-  p.block_size = static_cast<uint32_t>(block);
-  p.stochastic = stochastic;
-  p.rng = key;
-  p.payload = out.payload.data();
-  if (!residual_in.empty()) p.residual_in = residual_in.data();
-  if (ef) {
-    out.residual.assign(static_cast<size_t>(x.numel), 0.0f);
-    p.residual_out = out.residual.data();
-  }
-  cpu::q2_encode(p, threads);
-  return out;
+  return block_encode_tensor(format::kCodecQ2, x, block, stochastic, key, residual_in, ef, threads);
 }
 
 inline HostTensor q2_decode_payloads(const std::vector<const std::vector<uint8_t>*>& payloads,
                                      int64_t numel, int block, DType out_dtype,
                                      float divisor = 1.0f) {
-  HostTensor out(out_dtype, numel);
-  Segment seg = out.segment();
-  std::vector<const uint8_t*> ptrs;
-  for (auto* p : payloads) ptrs.push_back(p->data());
-  Q4DecodeParams d;
-  d.codec = format::kCodecQ2;
-  d.payloads = ptrs.data();
-  d.num_payloads = static_cast<int>(ptrs.size());
-  d.payload_bytes = payloads[0]->size();
-  d.numel = numel;
-  d.block_size = static_cast<uint32_t>(block);
-  d.segments = &seg;
-  d.num_segments = 1;
-  d.dtype = code(out_dtype);
-  d.divisor = divisor;
-  cpu::q2_decode(d);
-  return out;
+  return block_decode_payloads(format::kCodecQ2, payloads, numel, block, out_dtype, divisor);
 }
 
 inline float q4_step_of_block(const std::vector<uint8_t>& payload, int64_t block_index) {

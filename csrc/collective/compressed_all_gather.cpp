@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gradcomp/all_gather.h"
+#include "gradcomp/format.h"
 #include "math/int8_math.h"
 
 namespace gradcomp {
@@ -46,14 +47,15 @@ void check_runs(const AllGatherRun* runs, int num_runs, int block_size) {
   }
 }
 
-// The body checksum of the wire format v2 (docs/format.md), over the bytes after this header.
+// The body checksum of the wire format v2 (docs/format.md, format::body_checksum_term), over the
+// bytes after this payload's shorter header.
 uint64_t body_sum(const uint8_t* payload, uint64_t total) {
   uint64_t sum = 0;
   const uint64_t words = (total - kInt8HeaderBytes) / 4;
   for (uint64_t i = 0; i < words; ++i) {
     uint32_t w;
     std::memcpy(&w, payload + kInt8HeaderBytes + 4 * i, 4);
-    sum += static_cast<uint64_t>(w) * (2 * i + 1);
+    sum += format::body_checksum_term(w, i);
   }
   return sum;
 }
@@ -106,30 +108,22 @@ bool int8_encode_row(const void* input, const AllGatherRun* runs, int num_runs, 
   uint8_t* scales = payload + kInt8HeaderBytes;
   int8_t* codes = reinterpret_cast<int8_t*>(scales + align16(2 * blocks));
   std::memset(payload, 0, total);
-  // Refused before anything is quantized: a NaN weight must never reach the wire as numbers.
   const auto* at = static_cast<const uint8_t*>(input);
-  for (int r = 0; r < num_runs; ++r) {
-    const uint8_t dt = static_cast<uint8_t>(runs[r].dtype);
-    for (int64_t i = 0; i < runs[r].numel; ++i) {
-      if (!math::element_finite(at, i, dt)) {
-        write_header(payload, kInt8FlagNonfinite, block_size, num_runs, numel_of(runs, num_runs),
-                     total);
-        return false;
-      }
-    }
-    at += runs[r].numel * dtype_size(runs[r].dtype);
-  }
-  at = static_cast<const uint8_t*>(input);
   uint64_t block_index = 0, out = 0;
+  bool finite = true;
   for (int r = 0; r < num_runs; ++r) {
     const uint8_t dt = static_cast<uint8_t>(runs[r].dtype);
     for (int64_t start = 0; start < runs[r].numel; start += block_size) {
       const int64_t end = std::min<int64_t>(start + block_size, runs[r].numel);
       float absmax = 0.0f;
+      bool block_finite = true;
       for (int64_t i = start; i < end; ++i) {
         const float a = std::fabs(math::load_as_float(at, i, dt));
+        block_finite = block_finite && std::isfinite(a);
         absmax = a > absmax ? a : absmax;
       }
+      finite = finite && block_finite;
+      if (!block_finite) continue;  // the payload is flagged below; its codes are never sent
       const uint16_t sbits = math::int8_scale_bits(absmax);
       std::memcpy(scales + 2 * block_index++, &sbits, 2);
       const float scale = math::bf16_to_float(sbits);
@@ -138,6 +132,13 @@ bool int8_encode_row(const void* input, const AllGatherRun* runs, int num_runs, 
             static_cast<int8_t>(math::int8_quantize(math::load_as_float(at, i, dt), scale));
     }
     at += runs[r].numel * dtype_size(runs[r].dtype);
+  }
+  if (!finite) {
+    // A NaN weight never reaches the wire as numbers: the flagged payload carries no body.
+    std::memset(payload, 0, total);
+    write_header(payload, kInt8FlagNonfinite, block_size, num_runs, numel_of(runs, num_runs),
+                 total);
+    return false;
   }
   write_header(payload, 0, block_size, num_runs, numel_of(runs, num_runs), total);
   return true;

@@ -60,6 +60,21 @@ export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
 unset TSAN_OPTIONS
 echo "ThreadSanitizer stage: $((SECONDS - tsan_start)) s"
 
+step "ThreadSanitizer over the C++ front ends (GradSync, DDP hook, DiLoCo overlapped, FSDP collectives; 2 ranks, metrics scraped during every step)"
+tsan_torch_start=$SECONDS
+# The same build folder: the core's objects are reused; only the torch layer and the driver compile.
+cmake -S . -B build-tsan -DGRADCOMP_BUILD_TORCH=ON \
+  -DPython3_EXECUTABLE="$("$root/scripts/python_env.sh")/bin/python" > /dev/null
+cmake --build build-tsan -j "$jobs" --target gradcomp_torch_front_end_threads
+# libtorch (and its gloo) is not instrumented: TSan sees none of its atomics, only its calls into
+# libc. ignore_noninstrumented_modules: those calls (memcpy, delete, pthread_cond_destroy) are not
+# checked as accesses, while its mutexes and condition variables still order everything; every
+# access of gradcomp's code and of the c10/ATen headers compiled into it is checked. No suppressions.
+export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ignore_noninstrumented_modules=1"
+./build-tsan/tests/tsan/gradcomp_torch_front_end_threads 2
+unset TSAN_OPTIONS
+echo "ThreadSanitizer torch stage: $((SECONDS - tsan_torch_start)) s"
+
 step "libFuzzer: payload decoders for ${fuzz_seconds}s"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DGRADCOMP_WITH_CUDA=OFF -DGRADCOMP_BUILD_TESTS=OFF -DGRADCOMP_BUILD_BENCHMARKS=OFF -DGRADCOMP_BUILD_FUZZERS=ON

@@ -158,11 +158,15 @@ void BucketEngine::bind(Communicator& comm, Backend* backend, NodeGroups groups)
   check_same_local_world(pending_.local_world_size, local);
   if (options_.compress) {
     // One rank per node is the flat scheme: over `comm`, whose counters the stats read.
-    allreduce_ = local > 1
-                     ? std::make_unique<CompressedAllreduce>(groups, *backend, options_.config)
-                     : std::make_unique<CompressedAllreduce>(comm, *backend, options_.config);
-    allreduce_->set_context_carrier(options_.carry_context);
-    allreduce_->load_state(pending_.compression);
+    auto allreduce = local > 1
+                         ? std::make_unique<CompressedAllreduce>(groups, *backend, options_.config)
+                         : std::make_unique<CompressedAllreduce>(comm, *backend, options_.config);
+    allreduce->set_context_carrier(options_.carry_context);
+    allreduce->load_state(pending_.compression);
+    // The stats read it under their own lock alone: a metrics scrape may run while the first
+    // bucket binds the engine (the DDP hook binds there, with the GIL released).
+    std::lock_guard<std::mutex> stats_lock(stats_mu_);
+    allreduce_ = std::move(allreduce);
   }
   if (local > 1) groups_ = groups;
   pending_.local_world_size = local;

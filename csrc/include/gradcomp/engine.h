@@ -267,7 +267,7 @@ class BucketEngine {
   // Set last by bind(): submit() reads it without the state lock, which the worker holds for a
   // whole reduction.
   std::atomic<bool> bound_{false};
-  std::unique_ptr<CompressedAllreduce> allreduce_;
+  std::unique_ptr<CompressedAllreduce> allreduce_;  // set by bind() under stats_mu_ too
 
   mutable std::mutex state_mu_;  // everything below up to the queue
   EngineState pending_;          // loaded before bind()

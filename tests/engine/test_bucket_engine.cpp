@@ -143,6 +143,31 @@ TEST(BucketEngine, OneRankRunsTheCodecOnEveryBucketAndSendsNothing) {
   EXPECT_EQ(total.uncompressed_bytes, 0u);
 }
 
+TEST(BucketEngine, StatsReadWhileTheEngineBindsAreNotARace) {
+  // A metrics scrape may run while the first bucket binds the engine (the DDP hook binds there,
+  // with the GIL released): the ThreadSanitizer stage of scripts/test_all.sh checks this one.
+  InProcessGroup group(1);
+  auto backend = make_cpu_backend();
+  BucketEngine engine(q4_options());
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> reads{0};
+  std::thread scraper([&] {
+    while (!done.load()) {
+      engine.total_stats();
+      engine.last_step_stats();
+      ++reads;
+    }
+  });
+  while (reads.load() == 0) std::this_thread::yield();  // a read before the bind, unordered
+  engine.bind(group.communicator(0), backend.get());
+  std::vector<float> a = gradient(5000, 0, 0);
+  engine.reduce(request(a, 0, 1, true));
+  done = true;
+  scraper.join();
+  EXPECT_EQ(engine.total_stats().buckets, 1u);
+  EXPECT_GT(engine.total_stats().residual_bytes, 0u);
+}
+
 TEST(BucketEngine, UncompressedPathAveragesAndCountsTheRing) {
   const int world = 4;
   InProcessGroup group(world);

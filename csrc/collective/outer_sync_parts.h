@@ -19,6 +19,8 @@ struct OuterSync::Fragment {
   // The outer gradient, fp32, in the backend's memory; the allreduce's mean after a round (kept
   // there until the merge when the round is overlapped).
   detail::BackendBuffer gradient;
+  // eager: the eager anchor of the round in flight (host fp32), what the merge corrects from.
+  std::vector<float> eager;
 };
 
 struct OuterSync::InFlight {

@@ -11,6 +11,7 @@
 #include "backend_buffer.h"
 #include "math/half.h"
 #include "math/outer_math.h"
+#include "outer_step_cpu.h"
 #include "outer_sync_parts.h"
 
 namespace gradcomp {
@@ -280,7 +281,7 @@ void OuterSync::sync_fragment(uint32_t index) {
   prepare(fragments_[index]);
   const bool finite = reduce(index);
   count_round(fragments_[index], sent_before, finite);
-  apply(index, finite, options_.mixing);
+  apply(index, finite, false);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::lock_guard<std::mutex> lock(stats_mu_);
@@ -316,20 +317,40 @@ void OuterSync::count_round(const Fragment& f, uint64_t sent_before, bool finite
   if (!finite) ++stats_.nonfinite_rounds;
 }
 
-void OuterSync::apply(uint32_t index, bool finite, float mixing) {
+void OuterSync::outer_step(const Fragment& f, const float* mean, float* anchor,
+                           float* momentum) const {
+  detail::OuterStepRows rows;
+  rows.anchor = anchor;
+  rows.gradient = mean;
+  rows.momentum = momentum;
+  rows.n = static_cast<size_t>(f.numel);
+  rows.lr = options_.outer_lr;
+  rows.mu = options_.outer_momentum;
+  rows.nesterov = options_.nesterov;
+  detail::outer_sgd_rows(rows);
+}
+
+void OuterSync::apply(uint32_t index, bool finite, bool stepped) {
   Fragment& f = fragments_[index];
   const size_t n = static_cast<size_t>(f.numel);
+  const float mixing = options_.mixing;
   if (!finite) {
     write_params(f, f.anchor);
     return;
   }
-  float* buffer = reinterpret_cast<float*>(f.gradient.get());
-  std::vector<float> host(backend_.is_cuda() ? n : 0);
-  float* g = backend_.is_cuda() ? host.data() : buffer;
-  if (backend_.is_cuda()) backend_.copy_to_host(g, buffer, n * sizeof(float));
-  for (size_t e = 0; e < n; ++e)
-    f.anchor[e] = math::outer_sgd(f.anchor[e], g[e], &f.momentum[e], options_.outer_lr,
-                                  options_.outer_momentum, options_.nesterov);
+  if (stepped) {
+    f.anchor.swap(f.next_anchor);
+    f.momentum.swap(f.next_momentum);
+    // Released: only the fragment in flight holds the extra copies.
+    std::vector<float>().swap(f.next_anchor);
+    std::vector<float>().swap(f.next_momentum);
+  } else {
+    float* buffer = reinterpret_cast<float*>(f.gradient.get());
+    std::vector<float> host(backend_.is_cuda() ? n : 0);
+    float* g = backend_.is_cuda() ? host.data() : buffer;
+    if (backend_.is_cuda()) backend_.copy_to_host(g, buffer, n * sizeof(float));
+    outer_step(f, g, f.anchor.data(), f.momentum.data());
+  }
   ++f.round;
   if (!f.eager.empty()) {
     std::vector<float> local(n);

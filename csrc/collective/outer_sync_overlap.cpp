@@ -44,6 +44,17 @@ void OuterSync::start_round(uint32_t index) {
     const auto begin = std::chrono::steady_clock::now();
     try {
       r->finite = reduce(r->fragment);
+      // The outer step, here rather than at the merge on the caller's thread: on copies, since
+      // state() may still save the anchor it starts from. Nothing else touches this fragment's
+      // anchor and momentum until the join (the eager step read them before the thread began).
+      if (r->finite) {
+        Fragment& fr = fragments_[r->fragment];
+        fr.next_anchor = fr.anchor;
+        fr.next_momentum = fr.momentum;
+        outer_step(fr, reinterpret_cast<const float*>(fr.gradient.get()), fr.next_anchor.data(),
+                   fr.next_momentum.data());
+        r->stepped = true;
+      }
     } catch (...) {
       r->error = std::current_exception();
     }
@@ -110,7 +121,7 @@ bool OuterSync::flush() {
 void OuterSync::merge_round() {
   finish_round();
   const auto start = std::chrono::steady_clock::now();
-  apply(in_flight_->fragment, in_flight_->finite, options_.mixing);
+  apply(in_flight_->fragment, in_flight_->finite, in_flight_->stepped);
   fragments_[in_flight_->fragment].eager.clear();
   in_flight_.reset();
   const double seconds = since(start);

@@ -14,7 +14,7 @@ has_hook = hasattr(getattr(fsdp_api, "FSDPModule", None), "set_custom_all_gather
 
 @pytest.mark.skipif(not has_hook, reason=f"torch {torch.__version__} has no FSDPModule.set_custom_all_gather")
 @pytest.mark.parametrize("world, cases", [
-    (2, ["fp32", "bf16", "two_dtypes", "reshard_false", "train", "nan"]),
+    (2, ["fp32", "bf16", "two_dtypes", "reshard_false", "train", "metrics", "nan"]),
     (3, ["fp32", "bf16", "cpp_api"]),
     (4, ["fp32", "reshard_int"]),
 ])

@@ -336,8 +336,9 @@ def fsdp(model: torch.nn.Module, codec=None, *, params=None, replicate_group=Non
         check_optimizer(optimizer, hook.codec)
     if reduce_scatter:
         meshes = {getattr(p, "device_mesh", None) for m in modules for p in m.parameters()} - {None}
-        if len(meshes) == 1:
-            hook._sizes["reduce_scatter"] = next(iter(meshes)).size()
+        if len(meshes) == 1:  # FSDP reduce-scatters over the mesh's last dimension (HSDP: the shard one)
+            mesh = next(iter(meshes))
+            hook._sizes["reduce_scatter"] = mesh.size(mesh.ndim - 1)
     if replicate_group is not None:
         hook._sizes["replicate"] = replicate_group.size()
         _check_shard_only(modules)

@@ -14,9 +14,9 @@ has_hook = hasattr(getattr(fsdp_api, "FSDPModule", None), "set_custom_all_gather
 
 @pytest.mark.skipif(not has_hook, reason=f"torch {torch.__version__} has no FSDPModule.set_custom_all_gather")
 @pytest.mark.parametrize("world, cases", [
-    (2, ["fp32", "bf16", "two_dtypes", "reshard_false", "train", "nan"]),
+    (2, ["fp32", "bf16", "two_dtypes", "reshard_false", "train", "metrics", "nan"]),
     (3, ["fp32", "bf16", "cpp_api"]),
-    (4, ["fp32", "reshard_int"]),
+    (4, ["fp32", "reshard_int", "hsdp"]),
 ])
 def test_int8_all_gather_is_the_reference_bit_for_bit(world, cases):
     results = launch("workers_fsdp_params", "int8_all_gather_cases", world, cases)
@@ -25,6 +25,12 @@ def test_int8_all_gather_is_the_reference_bit_for_bit(world, cases):
         messages = {r[-1].replace(f"on rank {rank}", "on rank R") for rank, r in enumerate(results)}
         assert len(messages) == 1, messages
         print(messages.pop())
+
+
+@pytest.mark.skipif(not has_hook, reason=f"torch {torch.__version__} has no FSDPModule.set_custom_all_gather")
+def test_a_dcp_checkpoint_with_int8_weights_round_trips_and_resumes_bit_for_bit(tmp_path):
+    assert all(launch("workers_fsdp_params", "resumes_with_int8_weights_through_distributed_checkpoint", 2,
+                      str(tmp_path / "dcp")))
 
 
 def test_a_torch_without_set_custom_all_gather_is_refused_by_name(monkeypatch):

@@ -17,6 +17,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual bool is_cuda() const = 0;
+  // Throws Error, naming the way in, when this backend has no kernels for `codec` as configured
+  // (CUDA: q2 runs only on the v2 kernels); collectives call it before their first bucket.
+  virtual void check_codec(uint8_t /*codec*/) const {}
   virtual void* allocate(size_t bytes) = 0;
   // Never throws (buffers release in destructors); the CUDA backend reports a failure at its
   // next status call.

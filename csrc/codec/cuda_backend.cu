@@ -242,6 +242,14 @@ class CudaBackend final : public Backend {
     return true;
   }
 
+  // The int8 kernels are not written yet: refused by name rather than offered untested.
+  const char* int8_unsupported() const override {
+    return "the int8 all-gather has no CUDA kernels yet (keep the weights' all-gather "
+           "uncompressed on CUDA)";
+  }
+  void int8_encode(const Int8EncodeParams&) override { GRADCOMP_CHECK(false, int8_unsupported()); }
+  void int8_decode(const Int8DecodeParams&) override { GRADCOMP_CHECK(false, int8_unsupported()); }
+
  private:
   // Status words on the device: a decoder's rejection code (decoders write nothing while it is
   // non-zero), the non-finite flag of the current bucket, and the non-finite bucket count.

@@ -98,6 +98,7 @@ CodecSpec parse_codec(const py::dict& d) {
     q2.residual_dtype = parse_dtype(d["residual_dtype"].cast<std::string>(), "residual_dtype");
     q2.seed = d["seed"].cast<uint64_t>();
     q2.piece_numel = d["piece_numel"].cast<int64_t>();
+    q2.kernels = parse_kernels(d);
     return q2;
   }
   GRADCOMP_TORCH_CHECK(codec == "none", "unknown codec '", codec, "'");

@@ -16,6 +16,7 @@ class ProfiledBackend final : public Backend {
  public:
   explicit ProfiledBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
   bool is_cuda() const override { return inner_->is_cuda(); }
+  void check_codec(uint8_t codec) const override { inner_->check_codec(codec); }
   void* allocate(size_t bytes) override { return inner_->allocate(bytes); }
   void release(void* p) noexcept override { inner_->release(p); }
   void fill_zero(void* p, size_t bytes) override { inner_->fill_zero(p, bytes); }

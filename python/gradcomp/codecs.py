@@ -168,8 +168,9 @@ class Q2:
     Four levels ``{-1.5, -0.5, 0.5, 1.5} * d`` per ``block_size`` elements, ``d`` a bfloat16 step: about 2.25 bits
     per element at the default block size of 64, scales included. ``rounding``: "stochastic" (unbiased, default)
     or "nearest". ``error_feedback`` keeps what rounding dropped for the next round; ``residual_dtype`` is
-    torch.float32 or torch.bfloat16; ``piece_numel`` as Q4's. CPU only for now (a CUDA model is refused by name),
-    and only DiLoCo takes it: its accuracy in per-step training (the DDP hook, FSDP) is not measured.
+    torch.float32 or torch.bfloat16; ``piece_numel`` as Q4's. ``kernels`` as Q4's, except that Q2 has only v2
+    CUDA kernels: a CUDA model needs ``kernels="v2"`` (or ``GRADCOMP_KERNELS=v2``), and is refused by name under
+    v1. Only DiLoCo takes it: its accuracy in per-step training (the DDP hook, FSDP) is not measured.
     """
 
     block_size: int = 64
@@ -178,6 +179,7 @@ class Q2:
     residual_dtype: torch.dtype = torch.float32
     seed: int = 0
     piece_numel: int = _C.q4_default_piece_numel
+    kernels: str = "default"
 
     def __post_init__(self):
         sizes = _C.q4_block_sizes  # q2 blocks follow q4's rule
@@ -190,11 +192,12 @@ class Q2:
         _dtype_name(self.residual_dtype, "Q2 residual_dtype", (torch.float32, torch.bfloat16))
         _check_seed(self.seed)
         _check_piece_numel(self.piece_numel, "Q2")
+        _check_kernels(self.kernels, "Q2")
 
     def _options(self) -> dict:
         return {"codec": "q2", "block_size": self.block_size, "rounding": self.rounding,
                 "error_feedback": self.error_feedback, "residual_dtype": _DTYPE_NAMES[self.residual_dtype],
-                "seed": self.seed, "piece_numel": self.piece_numel}
+                "seed": self.seed, "piece_numel": self.piece_numel, "kernels": self.kernels}
 
 
 def refuse_q2(codec, front_end: str) -> None:

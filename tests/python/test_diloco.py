@@ -32,6 +32,16 @@ def test_q2_is_refused_by_the_per_step_front_ends_by_name():
         gradcomp.compress(torch.zeros(8), gradcomp.Q2())
 
 
+def test_q2_kernels_option_is_validated_and_handed_to_the_core():
+    """Q2 takes Q4's kernels option (its CUDA kernels are v2 only); the core parses what the spec hands it."""
+    with pytest.raises(ValueError, match="Q2 kernels must be one of 'default', 'v1', 'v2', got 'v3'"):
+        gradcomp.Q2(kernels="v3")
+    with pytest.raises(ValueError, match="Q2 kernels must be one of"):
+        gradcomp.Q2(kernels=2)
+    assert gradcomp.Q2()._options()["kernels"] == "default"
+    assert gradcomp.Q2(kernels="v2")._options()["kernels"] == "v2"
+
+
 def test_streaming_fragments_sync_staggered_and_equal_the_reference():
     stats = launch("workers_diloco", "trains_like_the_reference", 2, "fragments")
     assert all(s["rounds"] == 6 for s in stats), stats  # 2 fragments over 13 steps of H = 4
@@ -78,3 +88,11 @@ def test_resume_bit_for_bit_and_refusals(tmp_path):
 def test_diloco_on_cuda_equals_the_reference():
     """Two ranks sharing one GPU over Gloo; the reference's q4 runs on the CPU."""
     assert launch("workers_diloco", "trains_like_the_reference", 2, "plain", "cuda")
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and gradcomp.with_cuda),
+                    reason="no CUDA device, or gradcomp built without CUDA")
+def test_q2_on_cuda_with_the_v2_kernels_equals_the_reference():
+    """gradcomp.Q2(kernels="v2") on a CUDA model: the v2 q2 kernels (Q2's only CUDA kernels) give the
+    reference's outer gradients."""
+    assert launch("workers_diloco", "trains_like_the_reference", 2, "q2-v2", "cuda")

@@ -174,8 +174,9 @@ def overlapped_trains_like_the_reference(rank, world, eager=False):
 
 
 def trains_like_the_reference(rank, world, variant, device="cpu"):
-    """Several rounds of DiLoCo with q4 outer gradients (variant "q2": gradcomp.Q2's) equal the plain-PyTorch
-    reference bit for bit, on every rank, and every rank holds the same parameters after a sync."""
+    """Several rounds of DiLoCo with q4 outer gradients (variant "q2": gradcomp.Q2's; "q2-v2": Q2 on the v2
+    kernels, the only ones it has on CUDA) equal the plain-PyTorch reference bit for bit, on every rank, and
+    every rank holds the same parameters after a sync."""
     dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
     h, fragments, local = 3, 1, 1
     if variant == "fragments":
@@ -185,8 +186,9 @@ def trains_like_the_reference(rank, world, variant, device="cpu"):
     model = make_model(rank).to(dev)
     assert rank == 0 or not torch.equal(flat(model), flat(make_model(0))), "the ranks must start apart"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    q2 = variant == "q2"
-    codec = gradcomp.Q2(seed=SEED) if q2 else gradcomp.Q4(seed=SEED)
+    q2 = variant in ("q2", "q2-v2")
+    kernels = "v2" if variant == "q2-v2" else "default"
+    codec = gradcomp.Q2(seed=SEED, kernels=kernels) if q2 else gradcomp.Q4(seed=SEED)
     d = gt.diloco(model, opt, codec, inner_steps=h, fragments=fragments, local_world_size=local)
     assert torch.equal(flat(model), flat(make_model(0))), "DiLoCo did not start every rank from rank 0's model"
     split = d.fragments()

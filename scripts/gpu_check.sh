@@ -43,6 +43,15 @@ compute-sanitizer --tool racecheck --error-exitcode 3 ./build-gpu/tests/gradcomp
   grep -q '\[  PASSED  \] 1 test' "$out/issue34.log" && echo "issue 34 reduce-scatter rejection: ok" ||
   { echo "issue 34 reduce-scatter rejection: FAILED"; tail -20 "$out/issue34.log"; status=1; }
 # ---- end of issue 34's block
+# ---- issue 35 (int8 weight all-gather on CUDA, v2 only): byte equality with the CPU backend, the
+# NaN and corrupt-payload refusals, then the same under memcheck (the decoders' guard bytes).
+./build-gpu/tests/gradcomp_gpu_tests --gtest_filter='GpuInt8AllGather.*' > "$out/issue35.log" 2>&1 &&
+  grep -q '\[  PASSED  \] 5 tests' "$out/issue35.log" && echo "issue 35 int8 all-gather: ok" ||
+  { echo "issue 35 int8 all-gather: FAILED"; tail -20 "$out/issue35.log"; status=1; }
+compute-sanitizer --tool memcheck --error-exitcode 3 ./build-gpu/tests/gradcomp_gpu_tests \
+  --gtest_filter='GpuInt8AllGather.*' > "$out/issue35-memcheck.log" 2>&1 &&
+  echo "issue 35 memcheck: clean" || { echo "issue 35 memcheck: FAILED"; status=1; }
+# ---- end of issue 35's block
 echo "tests: $(( $(date +%s) - t0 )) s"
 
 # The DDP hook and GradSync on the GPU: the torch layer built against the machine's torch (2.7 or
@@ -59,7 +68,8 @@ if [ "$torch_ok" = 1 ]; then
   CMAKE_CUDA_ARCHITECTURES=90 GRADCOMP_BUILD_DIR="$root/build-gpu-python" \
     python3 -m pip install -q --no-build-isolation --no-deps -e . > "$out/pip.log" 2>&1 || { tail -20 "$out/pip.log"; status=1; }
   echo "torch layer: $(( $(date +%s) - t0 )) s"
-  for t in "test_gpu_hook.py" "test_shared_device.py -k cuda" "test_fsdp.py -k cuda" "test_diloco.py -k cuda"; do
+  for t in "test_gpu_hook.py" "test_shared_device.py -k cuda" "test_fsdp.py -k cuda" "test_diloco.py -k cuda" \
+           "test_fsdp_params.py -k cuda"; do
     log="$out/pytest-$(echo "$t" | cut -d. -f1).log"
     # shellcheck disable=SC2086  # $t carries the file and its -k filter
     PYTHONUNBUFFERED=1 timeout 240 python3 -m pytest tests/python/$t -q -rs 2>&1 | tee "$log" | tail -4 || true

@@ -1,6 +1,7 @@
 // CUDA backend: checks params with the CPU's rules, stages tables to the device, calls launchers.
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -242,15 +243,54 @@ class CudaBackend final : public Backend {
     return true;
   }
 
-  // The int8 kernels are not written yet: refused by name rather than offered untested.
+  // The int8 all-gather's kernels exist in v2 only; under v1 they are refused naming the switch.
   const char* int8_unsupported() const override {
-    return "the int8 all-gather has no CUDA kernels yet (keep the weights' all-gather "
-           "uncompressed on CUDA)";
+    return v2_ ? nullptr
+               : "its CUDA kernels are v2 only: set GRADCOMP_KERNELS=v2 (opt-in until a GPU has "
+                 "run them byte-equal to the CPU; docs/api.md, \"Kernel generations\")";
   }
-  void int8_encode(const Int8EncodeParams&) override { GRADCOMP_CHECK(false, int8_unsupported()); }
-  void int8_decode(const Int8DecodeParams&) override { GRADCOMP_CHECK(false, int8_unsupported()); }
+  void int8_encode(const Int8EncodeParams& p) override {
+    check_int8(params_problem(p), "int8 encode");
+    GRADCOMP_CHECK(reinterpret_cast<uintptr_t>(p.payload) % 16 == 0,
+                   "int8 encode: the payload is not 16-byte aligned");
+    // Two zeroed words (the body sum, the non-finite mark) staged with no wait.
+    TableSlot& slot = acquire_table(2 * sizeof(uint64_t));
+    std::memset(slot.host, 0, 2 * sizeof(uint64_t));
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(slot.device, slot.host, 2 * sizeof(uint64_t),
+                                        cudaMemcpyHostToDevice, stream_));
+    GRADCOMP_CUDA_CHECK(
+        kernels::v2::run_int8_encode(p, reinterpret_cast<uint64_t*>(slot.device), stream_));
+    GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
+  }
+  void int8_decode(const Int8DecodeParams& p) override {
+    check_int8(params_problem(p), "int8 decode");
+    for (int w = 0; w < p.num_payloads; ++w)
+      GRADCOMP_CHECK(
+          p.payloads[w] != nullptr && reinterpret_cast<uintptr_t>(p.payloads[w]) % 16 == 0,
+          "int8 decode: payload " << w << " is null or not 16-byte aligned");
+    // The payload pointers and num_payloads + 1 zeroed body-sum words, in one transfer.
+    const size_t ptr_bytes = align(sizeof(void*) * p.num_payloads);
+    const size_t bytes = ptr_bytes + sizeof(uint64_t) * (p.num_payloads + 1);
+    TableSlot& slot = acquire_table(bytes);
+    std::memset(slot.host, 0, bytes);
+    std::memcpy(slot.host, p.payloads, sizeof(void*) * p.num_payloads);
+    GRADCOMP_CUDA_CHECK(
+        cudaMemcpyAsync(slot.device, slot.host, bytes, cudaMemcpyHostToDevice, stream_));
+    Int8DecodeParams d = p;
+    d.payloads = reinterpret_cast<const uint8_t* const*>(slot.device);
+    GRADCOMP_CUDA_CHECK(kernels::v2::run_int8_decode(
+        d, reinterpret_cast<uint64_t*>(slot.device + ptr_bytes), stream_));
+    GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
+  }
 
  private:
+  // The int8 operations' shared refusals: v1 kernels, then the params' rule.
+  void check_int8(const char* problem, const char* what) const {
+    const char* unsupported = int8_unsupported();
+    GRADCOMP_CHECK(unsupported == nullptr, what << " on CUDA: " << unsupported);
+    GRADCOMP_CHECK(problem == nullptr, what << ": " << problem);
+  }
+
   // Status words on the device: a decoder's rejection code (decoders write nothing while it is
   // non-zero), the non-finite flag of the current bucket, and the non-finite bucket count.
   enum : int { kStatus = 0, kNonfinite = 1, kNonfiniteBuckets = 2, kFlagWords = 3 };

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 
+#include "int8_params.h"
 #include "launchers.h"
 
 namespace gradcomp {
@@ -32,6 +33,16 @@ LaunchStatus run_check_payloads(const PayloadCheckParams& p, cudaStream_t stream
 size_t topk_workspace_bytes(int64_t numel);
 LaunchStatus run_topk_encode(const TopKEncodeParams& p, cudaStream_t stream);
 LaunchStatus run_topk_decode(const TopKDecodeParams& p, cudaStream_t stream);
+
+// ---- The int8 weight all-gather (kernels/int8_params.h; v2 only) ----------------------------
+// Encode: one launch per run, then a seal writing the header (or zeroing a flagged body) and
+// *p.nonfinite_at. Every pointer is device memory but p.runs (host); p.payload is 16-byte aligned;
+// `scratch` holds 2 zeroed words (the body sum, the non-finite mark).
+LaunchStatus run_int8_encode(const Int8EncodeParams& p, uint64_t* scratch, cudaStream_t stream);
+// Check, then decode: p.payloads is a device array of 16-byte aligned payloads, p.runs host
+// memory; `sums` holds num_payloads + 1 zeroed words. A payload whose verdict is not kInt8Ok
+// leaves every row untouched (the decode launches read the verdicts on the device).
+LaunchStatus run_int8_decode(const Int8DecodeParams& p, uint64_t* sums, cudaStream_t stream);
 
 // How v2 finds the exact threshold in this build and process: the sample bracket (default), or
 // cub::DeviceTopK with GRADCOMP_TOPK_EXACT=cub when the build found CCCL >= 3.3 (else it says

@@ -213,7 +213,8 @@ class Int8:
     one bf16 scale per ``block_size`` elements (the block's largest magnitude / 127, rounded up), codes
     rounded to nearest (ties to even) in [-127, 127]. About 8 + 16 / block_size bits per element on the
     wire. Weights are not accumulated, so there is no error feedback and no randomness: the same shard
-    gives the same bytes on every call. CPU only in this version (CUDA refused by name)."""
+    gives the same bytes on every call. On the CPU, or on CUDA with ``GRADCOMP_KERNELS=v2`` (under v1, CUDA
+    parameters are refused naming that switch)."""
 
     block_size: int = 64
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 
 import torch
 import torch.distributed as dist
@@ -271,10 +272,15 @@ def _check_plain_parameters(modules, names) -> None:
     for m in modules:
         for p in m.parameters():
             local = p.to_local() if hasattr(p, "to_local") else p
-            if local.device.type not in ("cpu", "meta"):  # meta: materialized later, checked at the call
+            # meta: materialized later, checked at the call; CUDA: the v2 kernels only (the core refuses
+            # v1 by name too, at the first all-gather)
+            if local.device.type == "cuda" and os.environ.get("GRADCOMP_KERNELS", "v1") != "v2":
                 raise ValueError(f"gradcomp.torch.fsdp(params=...): {names[m]} has parameters on {local.device}; "
-                                 f"the int8 all-gather runs on the CPU only in this version (its CUDA kernels have "
-                                 f"not been written or run on a GPU yet): leave params unset there")
+                                 f"the int8 all-gather's CUDA kernels are v2 only: set GRADCOMP_KERNELS=v2 (opt-in "
+                                 f"until a GPU has run them byte-equal to the CPU), or leave params unset there")
+            if local.device.type not in ("cpu", "meta", "cuda"):
+                raise ValueError(f"gradcomp.torch.fsdp(params=...): {names[m]} has parameters on {local.device}; "
+                                 f"the int8 all-gather runs on the CPU, or on CUDA with GRADCOMP_KERNELS=v2")
             if hasattr(local, "fsdp_pre_all_gather"):
                 raise ValueError(f"gradcomp.torch.fsdp(params=...): {names[m]} has a parameter of type "
                                  f"{type(local).__name__} with its own fsdp_pre_all_gather (float8 training?); its "
@@ -315,7 +321,8 @@ def fsdp(model: torch.nn.Module, codec=None, *, params=None, replicate_group=Non
     ``params=gradcomp.Int8()``: FSDP's parameter all-gathers over each module's shard group send int8 (every
     rank decodes every shard, its own included, so all ranks compute with the same weights; the sharded
     parameters the optimizer updates stay exact). ``reduce_scatter=False`` with it compresses only the
-    weights. CPU only in this version."""
+    weights. On CPU, or on CUDA with ``GRADCOMP_KERNELS=v2`` (its kernels are v2 only and opt-in until a GPU
+    has run them byte-equal to the CPU)."""
     FSDPModule, comm_class = _comm_class()
     if params is not None and not isinstance(params, Int8):
         raise ValueError(f"gradcomp.torch.fsdp params takes gradcomp.Int8(), got {params!r}")

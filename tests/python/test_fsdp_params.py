@@ -53,3 +53,27 @@ def test_bad_params_are_refused():
     if has_hook:
         with pytest.raises(ValueError, match="params takes gradcomp.Int8"):
             gt.fsdp(torch.nn.Linear(2, 2), gradcomp.Q4(), params=gradcomp.Q4())
+
+
+
+def test_cuda_parameters_need_the_v2_kernels(monkeypatch):
+    """On CUDA the int8 all-gather's kernels are v2 only: under v1 the install refuses naming the switch, under
+    GRADCOMP_KERNELS=v2 it accepts (a stand-in parameter on cuda:0, so this runs without a GPU)."""
+    from gradcomp import fsdp as gf
+
+    class OnCuda:
+        device = torch.device("cuda", 0)
+
+    class Module:
+        def parameters(self):
+            return [OnCuda()]
+
+    m = Module()
+    monkeypatch.delenv("GRADCOMP_KERNELS", raising=False)
+    with pytest.raises(ValueError, match=r"module 'blocks.0' has parameters on cuda:0; .*GRADCOMP_KERNELS=v2"):
+        gf._check_plain_parameters([m], {m: "module 'blocks.0'"})
+    monkeypatch.setenv("GRADCOMP_KERNELS", "v1")
+    with pytest.raises(ValueError, match="GRADCOMP_KERNELS=v2"):
+        gf._check_plain_parameters([m], {m: "module 'blocks.0'"})
+    monkeypatch.setenv("GRADCOMP_KERNELS", "v2")
+    gf._check_plain_parameters([m], {m: "module 'blocks.0'"})

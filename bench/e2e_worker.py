@@ -191,7 +191,7 @@ def throughput(args, rank, world):
         if DEVICE.type == "cuda":
             torch.cuda.synchronize()
 
-    times, codec, inter = [], [], []
+    times, codec, inter, weight_codec = [], [], [], []
     tx0 = 0
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
@@ -200,9 +200,12 @@ def throughput(args, rank, world):
         step_once()
         times.append(time.perf_counter() - t0)
         if hook is not None and step >= args.warmup and args.method not in DILOCO_METHODS:
-            s = hook.stats()["step"]
+            stats = hook.stats()
+            s = stats["step"]  # the gradients' collectives; FSDP's int8 weights under "all_gather"
             codec.append(s["codec_seconds"])
             inter.append(s["inter_node_bytes"])
+            if "all_gather" in stats:
+                weight_codec.append(stats["all_gather"]["step"]["codec_seconds"])
     tx = tx_bytes(args.iface) - tx0
     ranks_on_link = max(world, 1) if args.iface == "lo" else args.local_world_size
     timed = times[args.warmup:]
@@ -213,7 +216,8 @@ def throughput(args, rank, world):
               "bytes_per_step_per_rank": tx / args.steps / ranks_on_link,
               "link_bytes_per_step": tx / args.steps, "link": args.iface,
               "hook_inter_node_bytes": statistics.median(inter) if inter else None,
-              "codec_s": statistics.median(codec) if codec else None}
+              "codec_s": statistics.median(codec) if codec else None,
+              "weight_codec_s": statistics.median(weight_codec) if weight_codec else None}
     if args.trace:
         # One more step under the profiler: the timeline of forward, backward, every bucket's
         # encode, collectives and decode, and the optimizer (bench/timeline.py reads it).

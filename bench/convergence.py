@@ -44,6 +44,8 @@ METHODS = {
     # FSDP2 (fully_shard per layer) with its own fp32 reduce-scatter, or with gradcomp's q4 one.
     "fsdp-dense": (None, None),
     "fsdp-q4": ({"codec": "q4"}, None),
+    # ... and with int8 weight all-gathers (gradcomp.torch.fsdp(..., params=gradcomp.Int8())).
+    "fsdp-q4-int8": ({"codec": "q4", "params": "int8"}, None),
 }
 # DiLoCo: no per-step synchronisation; every H steps the q4 outer gradient and the outer Nesterov SGD.
 # "diloco-h<H>[-lr<outer lr>][-m<outer momentum>][-f<fragments>][-ilr<inner lr>]", e.g. diloco-h50-lr1.0-m0.5.
@@ -74,6 +76,7 @@ def make_codec(spec, ratio):
         return None
     kw = dict(spec)
     kw.pop("diloco", None)
+    kw.pop("params", None)
     kind = kw.pop("codec")
     return gradcomp.Q4() if kind == "q4" else gradcomp.TopK(ratio=ratio, **kw)
 
@@ -180,7 +183,9 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
         hook = gt.diloco(model, opt, codec, inner_steps=diloco["h"], outer_lr=diloco["lr"],
                          outer_momentum=diloco["m"], nesterov=diloco["m"] > 0, fragments=diloco["f"])
     elif fsdp:
-        hook = gt.fsdp(model, codec)
+        import gradcomp
+
+        hook = gt.fsdp(model, codec, params=gradcomp.Int8() if (spec or {}).get("params") == "int8" else None)
     else:
         hook = gt.register(ddp, codec, optimizer=opt)
     warm = max(1, steps // 20)

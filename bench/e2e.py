@@ -1,6 +1,8 @@
 """End-to-end benchmark on a rate-limited link: gradcomp against PyTorch's own hooks (DDP), and
-against FSDP2's own reduce-scatter in fp32 and bf16 (the fsdp-* methods; "vs fp32/bf16" there
-compare with those).
+against FSDP2 in fp32 and in bf16 (the fsdp-* methods; "vs fp32/bf16" there compare with fsdp-fp32
+and with fsdp-bf16-mp when it ran, else fsdp-bf16). fsdp-bf16-mp is FSDP's bf16 mixed precision
+(param_dtype = reduce_dtype = bf16) as bf16 on the wire with fp32 compute: this CPU has no bf16
+arithmetic (bench/fsdp_bf16_wire.py says why and how).
 
 All ranks run inside one private network namespace and talk over its loopback, which a token
 bucket (`tc ... tbf`) limits to W x the per-node rate, so that W ranks each sending at once get
@@ -29,8 +31,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 NETNS = "gradcomp-bench"
 PYTHON_METHODS = ("ddp-fp32", "bf16-hook", "fp8-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4",
                   "gradcomp-q4-1piece",
-                  "gradcomp-topk", "gradcomp-topk-dgc", "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4",
-                  "diloco-q4-h20", "diloco-q4-h100")
+                  "gradcomp-topk", "gradcomp-topk-dgc", "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-bf16-mp",
+                  "fsdp-gradcomp-q4", "fsdp-gradcomp-q4-int8", "diloco-q4-h20", "diloco-q4-h100")
 # DiLoCo's rounds every H steps: timed over whole rounds (at least two), the mean step.
 DILOCO_H = {"diloco-q4-h20": 20, "diloco-q4-h100": 100}
 CPP_METHODS = ("cpp-allreduce", "cpp-gradsync-q4")
@@ -119,7 +121,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", default="2", help="comma list of world sizes")
     ap.add_argument("--gbps", default="1", help="comma list of per-node link rates in Gbit/s")
-    # The FSDP methods are a comparison of their own (--methods fsdp-fp32,fsdp-bf16,fsdp-gradcomp-q4).
+    # The FSDP methods are a comparison of their own
+    # (--methods fsdp-fp32,fsdp-bf16-mp,fsdp-gradcomp-q4,fsdp-gradcomp-q4-int8).
     # So is DiLoCo's (--methods ddp-fp32,gradcomp-q4,diloco-q4-h20,diloco-q4-h100), which times hundreds of steps.
     ap.add_argument("--methods", default=",".join(m for m in METHODS if not m.startswith(("fsdp", "diloco"))))
     ap.add_argument("--cpp-bin", default=CPP_BIN, help="examples/cpp's throughput program")
@@ -202,6 +205,29 @@ def main():
     print(f"\nresults: {path}; plots: {args.out}/step_time.png, {args.out}/digits_accuracy.png")
 
 
+def fsdp_bf16_baseline(base) -> str:
+    """The FSDP bf16 row the others are compared with: mixed precision as users run it, when measured."""
+    return "fsdp-bf16-mp" if "fsdp-bf16-mp" in base else "fsdp-bf16"
+
+
+def print_fsdp_ratios(base, limit):
+    """Per FSDP method: step-time and bytes ratios against FSDP fp32 and bf16 mixed precision, and the
+    exposed communication (step time over the no-communication limit's)."""
+    fsdp = {m: r for m, r in base.items() if m.startswith("fsdp")}
+    ref = {"fp32": fsdp.get("fsdp-fp32"), "bf16": fsdp.get(fsdp_bf16_baseline(base))}
+    if len(fsdp) < 2 or not any(ref.values()):
+        return
+    print(f"{'FSDP':24s} {'faster vs fp32':>15s} {'vs bf16':>8s} {'fewer bytes vs fp32':>20s} {'vs bf16':>8s} "
+          f"{'exposed comm ms':>16s}")
+    for m, r in fsdp.items():
+        step, sent = r["step_s"], r["bytes_per_step_per_rank"]
+        ratio = lambda b, key: f"{b[key] / (step if key == 'step_s' else sent):7.2f}x" if b else "      -"  # noqa: E731
+        exposed = f"{(step - limit) * 1e3:16.0f}" if limit else "               -"
+        print(f"{m:24s} {ratio(ref['fp32'], 'step_s'):>15s} {ratio(ref['bf16'], 'step_s'):>8s} "
+              f"{ratio(ref['fp32'], 'bytes_per_step_per_rank'):>20s} {ratio(ref['bf16'], 'bytes_per_step_per_rank'):>8s}"
+              f" {exposed}")
+
+
 def print_table(results):
     print(f"\n{results['date']}  {results['machine']}")
     if results["link_note"]:
@@ -221,12 +247,13 @@ def print_table(results):
             # FSDP rows against FSDP's own reduce-scatter in fp32 and bf16; DDP rows against DDP's.
             fsdp = r["method"].startswith("fsdp")
             fp32 = base.get("fsdp-fp32" if fsdp else "ddp-fp32", {}).get("step_s")
-            bf16 = base.get("fsdp-bf16" if fsdp else "bf16-hook", {}).get("step_s")
+            bf16 = base.get(fsdp_bf16_baseline(base) if fsdp else "bf16-hook", {}).get("step_s")
             vs = lambda b: f"{b / s:7.2f}x" if b else "      -"
             codec = f"{r['codec_s'] * 1e3:9.0f}" if r.get("codec_s") is not None else "        -"
             name = r["method"] + (" (1 bucket)" if r["method"] == "quant-pertensor" else "")
             print(f"{name:24s} {s * 1e3:9.0f} {fmt_bytes(r['bytes_per_step_per_rank']):>16s} {vs(fp32):>8s} "
                   f"{vs(bf16):>8s} {s / limit if limit else float('nan'):8.2f}x {codec}")
+        print_fsdp_ratios(base, limit)
         fp32 = base.get("ddp-fp32", {}).get("step_s")
         cpp_loop, cpp_q4, hook = (base.get(m, {}).get("step_s") for m in ("cpp-allreduce", "cpp-gradsync-q4",
                                                                           "gradcomp-q4"))

@@ -12,6 +12,9 @@ are read from the veth's counters. Needs root and iproute2; without them it says
 
 Methods: DDP fp32, PyTorch's bf16 hook, PowerSGD rank 4 (one bucket, see e2e_worker.py), flat and
 hierarchical gradcomp q4 and top-k 1 %. The limit is the same model with no communication.
+HSDP (FSDP2 sharded inside a node, replicated across nodes; a comparison of its own, "vs fp32/bf16"
+there against hsdp-fp32 and hsdp-bf16-mp): `--methods hsdp-fp32,hsdp-bf16-mp,hsdp-gradcomp-q4-int8`;
+hsdp-bf16-mp is bf16 mixed precision's traffic with fp32 compute (bench/fsdp_bf16_wire.py).
 """
 import argparse
 import datetime
@@ -29,7 +32,8 @@ import e2e  # noqa: E402
 NODES = 2
 ADDRESSES = ("10.77.0.1", "10.77.0.2")
 METHODS = ("ddp-fp32", "bf16-hook", "fp8-hook", "powersgd-r4", "gradcomp-q4", "gradcomp-q4-1piece", "gradcomp-q4-hier",
-           "gradcomp-q4-hier-1piece", "gradcomp-topk", "gradcomp-topk-hier")
+           "gradcomp-q4-hier-1piece", "gradcomp-topk", "gradcomp-topk-hier", "hsdp-fp32", "hsdp-bf16-mp",
+           "hsdp-gradcomp-q4-int8")
 TRACED = ("ddp-fp32", "gradcomp-q4", "gradcomp-q4-hier", "gradcomp-topk-hier")
 
 
@@ -171,8 +175,6 @@ def print_table(results) -> bool:
     for (local, gbps) in sorted({(r["local"], r["gbps"]) for r in rows}):
         group = [r for r in rows if r["local"] == local and r["gbps"] == gbps]
         base = {r["method"]: r for r in group if r.get("ok")}
-        fp32 = base.get("ddp-fp32", {}).get("step_s")
-        bf16 = base.get("bf16-hook", {}).get("step_s")
         limit = results["limit"].get(str(local), {}).get("step_s")
         print(f"\n{NODES} nodes x {local} ranks, {gbps:g} Gbit/s per node"
               + (f", limit (no communication) {limit * 1e3:.0f} ms/step" if limit else ""))
@@ -184,6 +186,9 @@ def print_table(results) -> bool:
                 print(f"{r['method']:20s} failed: {r.get('error', '?')}")
                 continue
             s = r["step_s"]
+            hsdp = r["method"].startswith("hsdp")
+            fp32 = base.get("hsdp-fp32" if hsdp else "ddp-fp32", {}).get("step_s")
+            bf16 = base.get("hsdp-bf16-mp" if hsdp else "bf16-hook", {}).get("step_s")
             vs = lambda b: f"{b / s:7.2f}x" if b else "      -"  # noqa: E731
             flat = base.get(r["method"].replace("-hier", ""), {}).get("step_s") if r["method"].endswith("-hier") else None
             name = r["method"]

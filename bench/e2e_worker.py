@@ -16,14 +16,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4", "gradcomp-topk",
            "gradcomp-q4-hier", "gradcomp-topk-hier", "gradcomp-q4-1piece", "gradcomp-q4-hier-1piece",
-           "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4", "fp8-hook",
+           "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-bf16-mp", "fsdp-gradcomp-q4",
+           "fsdp-gradcomp-q4-int8", "hsdp-fp32", "hsdp-bf16-mp", "hsdp-gradcomp-q4-int8", "fp8-hook",
            "diloco-q4-h20", "diloco-q4-h100", "gradcomp-topk-dgc")
 # Top-k with momentum correction trains digits with SGD without momentum at 3x the lr
 # (docs/benchmarks.md's recommended setting for SGD).
 DGC_LR_SCALE = 3.0
 # FSDP2 (fully_shard on every Linear and the root, default resharding): its own reduce-scatter in
-# fp32 or in bf16 (MixedPrecisionPolicy's reduce_dtype; parameters stay fp32), or gradcomp's q4 one.
-FSDP_METHODS = ("fsdp-fp32", "fsdp-bf16", "fsdp-gradcomp-q4")
+# fp32 or in bf16 (MixedPrecisionPolicy's reduce_dtype; parameters stay fp32); bf16 mixed precision as
+# users run it (param_dtype = reduce_dtype = bf16), timed as bf16 on the wire with fp32 compute because
+# this CPU has no bf16 arithmetic (bench/fsdp_bf16_wire.py); gradcomp's q4 reduce-scatter, alone or
+# with int8 weight all-gathers. The hsdp-* ones: the same over two nodes (bench/e2e_nodes.py), sharded
+# inside a node and replicated across nodes.
+FSDP_METHODS = ("fsdp-fp32", "fsdp-bf16", "fsdp-bf16-mp", "fsdp-gradcomp-q4", "fsdp-gradcomp-q4-int8")
+HSDP_METHODS = ("hsdp-fp32", "hsdp-bf16-mp", "hsdp-gradcomp-q4-int8")
 # DiLoCo (gradcomp.torch.diloco): no DDP; every H steps the q4 outer gradient. Its step time is the
 # mean over whole rounds (the median would hide the round).
 DILOCO_METHODS = {"diloco-q4-h20": 20, "diloco-q4-h100": 100}
@@ -56,9 +62,52 @@ def prepare(model, method, gt, gradcomp, bucket_cap_mb=25.0, local_world_size=1)
             if isinstance(layer, nn.Linear):
                 fully_shard(layer, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
-        return model, (gt.fsdp(model, gradcomp.Q4()) if method == "fsdp-gradcomp-q4" else None)
+        if method == "fsdp-bf16-mp":
+            from fsdp_bf16_wire import install_bf16_wire
+            install_bf16_wire(model)
+            return model, None
+        if method == "fsdp-gradcomp-q4":
+            return model, gt.fsdp(model, gradcomp.Q4())
+        if method == "fsdp-gradcomp-q4-int8":
+            return model, gt.fsdp(model, gradcomp.Q4(), params=gradcomp.Int8())
+        return model, None
+    if method in HSDP_METHODS:
+        return prepare_hsdp(model, method, gt, gradcomp, local_world_size)
     ddp = make_ddp(model, method, bucket_cap_mb)
     return ddp, install(method, ddp, gt, gradcomp, local_world_size)
+
+
+def prepare_hsdp(model, method, gt, gradcomp, local_world_size):
+    """HSDP over (nodes, ranks per node): hsdp-fp32 is fully_shard over the 2-D mesh (reduce-scatter
+    inside the node, FSDP's fp32 all-reduce across nodes); the others shard over the node's ranks and
+    all-reduce each reduced shard across nodes through a hook: in bf16 (hsdp-bf16-mp, with bf16 weight
+    all-gathers and reduce-scatters inside the node, fp32 compute) or gradcomp's q4 with int8 weights."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    world = dist.get_world_size()
+    if local_world_size < 2 or world % local_world_size or world == local_world_size:
+        raise ValueError(f"{method} needs two or more nodes of two or more ranks (--local-world-size), got "
+                         f"{world} ranks of {local_world_size} per node")
+    mesh = init_device_mesh("cpu", (world // local_world_size, local_world_size),
+                            mesh_dim_names=("replicate", "shard"))
+    over = mesh if method == "hsdp-fp32" else mesh["shard"]
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=over)
+    fully_shard(model, mesh=over)
+    if method == "hsdp-fp32":
+        return model, None
+    replicas = mesh["replicate"].get_group()
+    if method == "hsdp-gradcomp-q4-int8":
+        return model, gt.fsdp(model, gradcomp.Q4(), params=gradcomp.Int8(), replicate_group=replicas)
+    from fsdp_bf16_wire import install_bf16_wire, bf16_replica_allreduce
+    install_bf16_wire(model)
+    for m in model.modules():
+        if hasattr(m, "set_all_reduce_hook"):
+            m.set_all_reduce_hook(lambda t, group=replicas: bf16_replica_allreduce(t, group))
+    return model, None
 
 
 def attach_diloco(method, model, opt, gt, gradcomp):

@@ -26,6 +26,16 @@ compute-sanitizer --tool memcheck --error-exitcode 3 ./build-gpu/tests/gradcomp_
   --gtest_filter='-*Nccl*' > "$out/memcheck.log" 2>&1 && echo "memcheck: clean" || { echo "memcheck: FAILED"; status=1; }
 compute-sanitizer --tool racecheck --error-exitcode 3 ./build-gpu/tests/gradcomp_gpu_tests \
   --gtest_filter='GpuTopK.*:GpuQ4.Fused*:GpuQ4.BothGenerationsSeal*:GpuQ4.V2*' > "$out/racecheck.log" 2>&1 && echo "racecheck: clean" || { echo "racecheck: FAILED"; status=1; }
+# ---- issue 36: the q2 v2 kernels (Q2's only CUDA kernels) by name; memcheck runs them above with
+# every GPU test. Racecheck on the seal with few blocks (the last block's ticket) and the corrupt
+# payloads (the payload checks' finished-block count).
+./build-gpu/tests/gradcomp_gpu_tests --gtest_filter='GpuQ2.*:GpuRejects.Q2*' > "$out/q2.log" 2>&1 &&
+  grep -q '\[  PASSED  \] 5 tests' "$out/q2.log" && echo "q2 v2 kernels: ok" ||
+  { echo "q2 v2 kernels: FAILED"; tail -20 "$out/q2.log"; status=1; }
+compute-sanitizer --tool racecheck --error-exitcode 3 ./build-gpu/tests/gradcomp_gpu_tests \
+  --gtest_filter='GpuQ2.V2SealsWithFewBlocks:GpuQ2.CorruptPayloadsAreRejectedByName' > "$out/q2-racecheck.log" 2>&1 &&
+  echo "q2 racecheck: clean" || { echo "q2 racecheck: FAILED"; status=1; }
+# ---- end of issue 36's block
 # ---- issue 34 (FSDP/DiLoCo review): the CUDA reduce-scatter's rejection contract (item 5) by name;
 # DiLoCo's broadcast-before-anchors ordering (item 4) is checked by `test_diloco.py -k cuda` below,
 # whose ranks start from different seeds.

@@ -19,8 +19,9 @@ namespace gradcomp {
 namespace torch_ext {
 namespace {
 
-// 2 adds the round in flight (overlap_steps > 0); format 1 states, which never hold one, load.
-constexpr int64_t kStateFormat = 2;
+// 2 adds the round in flight (overlap_steps > 0), 3 its eager anchor (empty without eager);
+// states of formats 1 and 2, which hold neither, load.
+constexpr int64_t kStateFormat = 3;
 
 at::Tensor scalar(int64_t v) {
   return at::tensor({v}, at::TensorOptions().dtype(at::kLong));
@@ -69,7 +70,9 @@ std::map<std::string, at::Tensor> outer_state_tensors(const OuterSyncState& s, i
   for (const OuterPendingRound& p : s.pending) {
     pending.insert(pending.end(), {static_cast<int64_t>(p.fragment),
                                    static_cast<int64_t>(p.merge_step), p.finite ? 1 : 0});
-    m["pending_mean." + std::to_string(pending.size() / 3 - 1)] = floats_tensor(p.mean);
+    const std::string index = std::to_string(pending.size() / 3 - 1);
+    m["pending_mean." + index] = floats_tensor(p.mean);
+    m["pending_eager." + index] = floats_tensor(p.eager);
   }
   m["pending"] = at::tensor(pending, at::TensorOptions().dtype(at::kLong));
   m["seed"] = scalar(static_cast<int64_t>(s.compression.seed));
@@ -91,7 +94,7 @@ OuterSyncState outer_state_from_tensors(const std::function<at::Tensor(const std
     return t.item<int64_t>();
   };
   const int64_t format = one("format");
-  GRADCOMP_CHECK(format == 1 || format == kStateFormat, "not a gradcomp DiLoCo state of format "
+  GRADCOMP_CHECK(format >= 1 && format <= kStateFormat, "not a gradcomp DiLoCo state of format "
                                                             << kStateFormat << " (its format is "
                                                             << format << ")");
   // A count the core keeps in `bits` bits, or an error naming it.
@@ -131,6 +134,13 @@ OuterSyncState outer_state_from_tensors(const std::function<at::Tensor(const std
       p.mean.resize(static_cast<size_t>(t.numel()));
       if (!p.mean.empty())
         std::memcpy(p.mean.data(), t.data_ptr<float>(), p.mean.size() * sizeof(float));
+      if (format >= 3) {
+        const std::string eager = "pending_eager." + std::to_string(i);
+        const at::Tensor e = checked(get(eager), at::kFloat, eager);
+        p.eager.resize(static_cast<size_t>(e.numel()));
+        if (!p.eager.empty())
+          std::memcpy(p.eager.data(), e.data_ptr<float>(), p.eager.size() * sizeof(float));
+      }
       s.pending.push_back(std::move(p));
     }
   }

@@ -492,18 +492,23 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "fsdp_metrics_text",
       [](const std::vector<std::shared_ptr<FsdpCollective>>& collectives, int rank,
-         const std::string& codec) {
-        gradcomp::ReductionStats total;
-        uint64_t steps = 0;  // both collectives count the same steps
+         const std::string& codec, bool weights) {
+        // The gradients' collectives in the gradcomp_* series, the parameter all-gathers in
+        // gradcomp_weight_* (with `weights`, zero until the first); steps are the training's,
+        // which every collective counts alike.
+        gradcomp::ReductionStats gradients, gathers;
+        uint64_t steps = 0;
         for (const auto& c : collectives) {
           const gradcomp::ReductionStats s = c->total_stats();
-          total.add(s);
+          (dynamic_cast<const FsdpAllGather*>(c.get()) != nullptr ? gathers : gradients).add(s);
           steps = std::max(steps, s.steps);
         }
-        total.steps = steps;
-        return gradcomp::prometheus_text(total, gradcomp::metric_labels(rank, codec, "fsdp"));
+        gradients.steps = steps;
+        const auto labels = gradcomp::metric_labels(rank, codec, "fsdp");
+        return weights ? gradcomp::prometheus_text(gradients, gathers, labels)
+                       : gradcomp::prometheus_text(gradients, labels);
       },
-      py::arg("collectives"), py::arg("rank"), py::arg("codec"));
+      py::arg("collectives"), py::arg("rank"), py::arg("codec"), py::arg("weights") = false);
   // A front end's counters before it has anything to count (a HookState not yet bound to its
   // process group): the same names and labels, every value zero, with no hook to read.
   m.def(

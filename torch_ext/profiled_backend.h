@@ -72,6 +72,15 @@ class ProfiledBackend final : public Backend {
   bool poll_nonfinite_buckets(uint64_t* count) override {
     return inner_->poll_nonfinite_buckets(count);
   }
+  void int8_encode(const Int8EncodeParams& p) override {
+    GRADCOMP_PHASE("gradcomp::int8_encode");
+    inner_->int8_encode(p);
+  }
+  void int8_decode(const Int8DecodeParams& p) override {
+    GRADCOMP_PHASE("gradcomp::int8_decode");
+    inner_->int8_decode(p);
+  }
+  const char* int8_unsupported() const override { return inner_->int8_unsupported(); }
 
  private:
   std::unique_ptr<Backend> inner_;

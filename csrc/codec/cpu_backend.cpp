@@ -86,6 +86,9 @@ class CpuBackend final : public Backend {
     *count = take_nonfinite_buckets();
     return true;
   }
+  void int8_encode(const Int8EncodeParams& p) override { cpu::int8_encode(p); }
+  void int8_decode(const Int8DecodeParams& p) override { cpu::int8_decode(p); }
+  const char* int8_unsupported() const override { return nullptr; }
 
  private:
   int threads_;

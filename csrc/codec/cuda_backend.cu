@@ -74,11 +74,13 @@ class CudaBackend final : public Backend {
     if (owns_stream_) cudaStreamDestroy(stream_);
   }
   bool is_cuda() const override { return true; }
-  // The CPU backend is q2's reference; kernels come once a device has run them against it.
-  static void refuse_q2(uint8_t codec) {
-    GRADCOMP_CHECK(codec != format::kCodecQ2,
-                   "Q2 has no CUDA kernels yet: use the CPU backend (DiLoCo's outer gradients on "
-                   "host memory) or Q4");
+  // q2's only CUDA kernels are v2's (opt-in until a device runs them byte-equal to the CPU).
+  void check_codec(uint8_t codec) const override {
+    GRADCOMP_CHECK(codec != format::kCodecQ2 || v2_,
+                   "Q2 on CUDA runs only on the v2 kernels (opt-in until a GPU run proves them): "
+                   "set GRADCOMP_KERNELS=v2, or kernels=\"v2\" in the codec spec "
+                   "(gradcomp.Q2(kernels=\"v2\"), gradcomp::Q2::kernels = KernelGeneration::kV2); "
+                   "or use the CPU backend");
   }
   void* allocate(size_t bytes) override {
     void* p = nullptr;
@@ -109,23 +111,29 @@ class CudaBackend final : public Backend {
   }
 
   void q4_encode(const Q4EncodeParams& p) override {
-    refuse_q2(p.codec);
-    check_params(p, "q4 encode");
+    check_codec(p.codec);
+    check_params(p, p.codec == format::kCodecQ2 ? "q2 encode" : "q4 encode");
     Q4EncodeParams d = p;
     d.segments_host = p.segments;
     TableSlot& slot = stage_segments(d.segments, p.num_segments);
-    GRADCOMP_CUDA_CHECK(v2_ ? kernels::v2::run_q4_encode(d, options_.max_encode_ctas, stream_)
-                            : kernels::run_q4_encode(d, options_.max_encode_ctas, stream_));
+    if (p.codec == format::kCodecQ2)
+      GRADCOMP_CUDA_CHECK(kernels::v2::run_q2_encode(d, options_.max_encode_ctas, stream_));
+    else
+      GRADCOMP_CUDA_CHECK(v2_ ? kernels::v2::run_q4_encode(d, options_.max_encode_ctas, stream_)
+                              : kernels::run_q4_encode(d, options_.max_encode_ctas, stream_));
     GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
   void q4_decode(const Q4DecodeParams& p) override {
-    refuse_q2(p.codec);
-    check_params(p, "q4 decode");
+    check_codec(p.codec);
+    check_params(p, p.codec == format::kCodecQ2 ? "q2 decode" : "q4 decode");
     Q4DecodeParams d = p;
     d.segments_host = p.segments;
     TableSlot& slot = stage_decode(d);
-    GRADCOMP_CUDA_CHECK(v2_ ? kernels::v2::run_q4_decode(d, stream_)
-                            : kernels::run_q4_decode(d, stream_));
+    if (p.codec == format::kCodecQ2)
+      GRADCOMP_CUDA_CHECK(kernels::v2::run_q2_decode(d, stream_));
+    else
+      GRADCOMP_CUDA_CHECK(v2_ ? kernels::v2::run_q4_decode(d, stream_)
+                              : kernels::run_q4_decode(d, stream_));
     GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
   void topk_encode(const TopKEncodeParams& p) override {
@@ -167,7 +175,7 @@ class CudaBackend final : public Backend {
     GRADCOMP_CUDA_CHECK(kernels::run_topk_mask(p, stream_));
   }
   void check_payloads(const PayloadCheckParams& p) override {
-    refuse_q2(p.codec);
+    check_codec(p.codec);
     check_params(p, "payload check");
     const size_t ptr_bytes = align(sizeof(void*) * p.num_payloads);
     const size_t numel_bytes = align(sizeof(int64_t) * p.num_payloads);
@@ -233,6 +241,14 @@ class CudaBackend final : public Backend {
     *count = static_cast<uint32_t>(snapshot_->nonfinite_buckets);
     return true;
   }
+
+  // The int8 kernels are not written yet: refused by name rather than offered untested.
+  const char* int8_unsupported() const override {
+    return "the int8 all-gather has no CUDA kernels yet (keep the weights' all-gather "
+           "uncompressed on CUDA)";
+  }
+  void int8_encode(const Int8EncodeParams&) override { GRADCOMP_CHECK(false, int8_unsupported()); }
+  void int8_decode(const Int8DecodeParams&) override { GRADCOMP_CHECK(false, int8_unsupported()); }
 
  private:
   // Status words on the device: a decoder's rejection code (decoders write nothing while it is

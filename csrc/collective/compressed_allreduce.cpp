@@ -34,9 +34,7 @@ CompressedAllreduce::CompressedAllreduce(Communicator& comm, Backend& backend,
   GRADCOMP_CHECK(comm.device_memory() == backend.is_cuda(),
                  "communicator and backend disagree on host versus device memory");
   // Refused here, before any bucket, rather than at the first encode (the backend refuses too).
-  GRADCOMP_CHECK(config_.codec != Codec::kQ2 || !backend.is_cuda(),
-                 "Q2 has no CUDA kernels yet: use the CPU backend (DiLoCo's outer gradients on "
-                 "host memory) or Q4");
+  backend.check_codec(static_cast<uint8_t>(config_.codec));
   pending_.seed = config_.seed;
   global_rank_ = comm.rank();
 }

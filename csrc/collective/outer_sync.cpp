@@ -11,6 +11,7 @@
 #include "backend_buffer.h"
 #include "math/half.h"
 #include "math/outer_math.h"
+#include "outer_step_cpu.h"
 #include "outer_sync_parts.h"
 
 namespace gradcomp {
@@ -33,9 +34,12 @@ void OuterSyncOptions::validate() const {
                      << ": a fragment's round merges before the next fragment's sync starts");
   GRADCOMP_CHECK(mixing >= 0.0f && mixing <= 1.0f,
                  "DiLoCo mixing (alpha) must be in [0, 1], got " << mixing);
-  GRADCOMP_CHECK(!eager,
-                 "DiLoCo eager updates (eager=True) are not implemented yet; use overlap_steps "
-                 "and mixing without eager");
+  GRADCOMP_CHECK(!eager || overlap_steps > 0,
+                 "DiLoCo eager updates need overlap_steps (tau) > 0: without overlap the global "
+                 "update is there at once");
+  GRADCOMP_CHECK(!eager || mixing == 0.0f,
+                 "DiLoCo eager updates take mixing (alpha) = 0, got "
+                     << mixing << ": the eager merge keeps the tau steps' local progress itself");
 }
 
 OuterSync::OuterSync(Communicator& comm, Backend& backend, const CompressionConfig& config,
@@ -197,20 +201,26 @@ void OuterSync::agree(uint32_t fragment) {
   struct Position {
     uint64_t inner_step;
     uint32_t fragment, round, inner_steps, fragments;
-    // Also fills what would be padding of indeterminate bytes on the wire.
     uint32_t overlap_steps;
+    uint32_t eager;
+    uint32_t mixing_bits;  // alpha's bits
     // Set by a rank that found a disagreement at an earlier level (inside its node): it still
     // takes part in the next levels' allgathers, so that every node learns of it and raises
     // instead of waiting out the timeout for ranks that already left.
-    uint64_t disagreed;
+    uint32_t disagreed;
   };
+  // Eight 32-bit fields after the step: no padding, so no indeterminate bytes on the wire.
+  static_assert(sizeof(Position) == 8 + 8 * 4, "DiLoCo's Position has padding");
   Position mine{inner_step_,
                 fragment,
                 fragments_[fragment].round,
                 options_.inner_steps,
                 static_cast<uint32_t>(fragments_.size()),
                 options_.overlap_steps,
+                options_.eager ? 1u : 0u,
+                0,
                 0};
+  std::memcpy(&mine.mixing_bits, &options_.mixing, sizeof(float));
   std::string error;
   for (const auto& [comm, name] : agreement_) {
     const int world = comm->world_size();
@@ -231,7 +241,8 @@ void OuterSync::agree(uint32_t fragment) {
           << ", fragment " << mine.fragment << " round " << mine.round;
       } else if (o.inner_step != mine.inner_step || o.fragment != mine.fragment ||
                  o.round != mine.round || o.inner_steps != mine.inner_steps ||
-                 o.fragments != mine.fragments || o.overlap_steps != mine.overlap_steps) {
+                 o.fragments != mine.fragments || o.overlap_steps != mine.overlap_steps ||
+                 o.eager != mine.eager || o.mixing_bits != mine.mixing_bits) {
         m << "DiLoCo: ranks disagree before a sync: this rank (rank " << comm->rank() << " of "
           << name << ") is at inner step " << mine.inner_step << ", fragment " << mine.fragment
           << " round " << mine.round << " (H " << mine.inner_steps << ", " << mine.fragments
@@ -242,6 +253,10 @@ void OuterSync::agree(uint32_t fragment) {
         if (o.overlap_steps != mine.overlap_steps)
           m << " (and overlap_steps: " << mine.overlap_steps << " here, " << o.overlap_steps
             << " on rank " << w << ")";
+        if (o.eager != mine.eager || o.mixing_bits != mine.mixing_bits)
+          m << " (and eager / mixing: " << (mine.eager ? "eager" : "not eager") << " here, "
+            << (o.eager ? "eager" : "not eager") << " on rank " << w
+            << "; the mixing may differ too)";
       }
       error = m.str();
     }
@@ -266,7 +281,7 @@ void OuterSync::sync_fragment(uint32_t index) {
   prepare(fragments_[index]);
   const bool finite = reduce(index);
   count_round(fragments_[index], sent_before, finite);
-  apply(index, finite, options_.mixing);
+  apply(index, finite, false);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::lock_guard<std::mutex> lock(stats_mu_);
@@ -302,21 +317,49 @@ void OuterSync::count_round(const Fragment& f, uint64_t sent_before, bool finite
   if (!finite) ++stats_.nonfinite_rounds;
 }
 
-void OuterSync::apply(uint32_t index, bool finite, float mixing) {
+void OuterSync::outer_step(const Fragment& f, const float* mean, float* anchor,
+                           float* momentum) const {
+  detail::OuterStepRows rows;
+  rows.anchor = anchor;
+  rows.gradient = mean;
+  rows.momentum = momentum;
+  rows.n = static_cast<size_t>(f.numel);
+  rows.lr = options_.outer_lr;
+  rows.mu = options_.outer_momentum;
+  rows.nesterov = options_.nesterov;
+  detail::outer_sgd_rows(rows);
+}
+
+void OuterSync::apply(uint32_t index, bool finite, bool stepped) {
   Fragment& f = fragments_[index];
   const size_t n = static_cast<size_t>(f.numel);
+  const float mixing = options_.mixing;
   if (!finite) {
     write_params(f, f.anchor);
     return;
   }
-  float* buffer = reinterpret_cast<float*>(f.gradient.get());
-  std::vector<float> host(backend_.is_cuda() ? n : 0);
-  float* g = backend_.is_cuda() ? host.data() : buffer;
-  if (backend_.is_cuda()) backend_.copy_to_host(g, buffer, n * sizeof(float));
-  for (size_t e = 0; e < n; ++e)
-    f.anchor[e] = math::outer_sgd(f.anchor[e], g[e], &f.momentum[e], options_.outer_lr,
-                                  options_.outer_momentum, options_.nesterov);
+  if (stepped) {
+    f.anchor.swap(f.next_anchor);
+    f.momentum.swap(f.next_momentum);
+    // Released: only the fragment in flight holds the extra copies.
+    std::vector<float>().swap(f.next_anchor);
+    std::vector<float>().swap(f.next_momentum);
+  } else {
+    float* buffer = reinterpret_cast<float*>(f.gradient.get());
+    std::vector<float> host(backend_.is_cuda() ? n : 0);
+    float* g = backend_.is_cuda() ? host.data() : buffer;
+    if (backend_.is_cuda()) backend_.copy_to_host(g, buffer, n * sizeof(float));
+    outer_step(f, g, f.anchor.data(), f.momentum.data());
+  }
   ++f.round;
+  if (!f.eager.empty()) {
+    std::vector<float> local(n);
+    read_params(f, local.data());
+    for (size_t e = 0; e < n; ++e)
+      local[e] = math::outer_eager_correct(local[e], f.anchor[e], f.eager[e]);
+    write_params(f, local);
+    return;
+  }
   if (mixing == 0.0f) {
     write_params(f, f.anchor);
     return;
@@ -341,6 +384,7 @@ OuterSyncState OuterSync::state() {
     p.finite = in_flight_->finite;
     p.mean.resize(static_cast<size_t>(f.numel));
     backend_.copy_to_host(p.mean.data(), f.gradient.get(), p.mean.size() * sizeof(float));
+    p.eager = f.eager;
     s.pending.push_back(std::move(p));
   }
   s.inner_steps = options_.inner_steps;
@@ -390,6 +434,12 @@ void OuterSync::load_state(const OuterSyncState& s) {
         "DiLoCo state's round in flight merges after inner step "
             << p.merge_step << ", not within overlap_steps = " << options_.overlap_steps
             << " of the state's inner step " << s.inner_step);
+    const size_t want = options_.eager ? p.mean.size() : 0;
+    GRADCOMP_CHECK(p.eager.size() == want,
+                   "DiLoCo state's round in flight holds "
+                       << p.eager.size() << " eager anchor values, this run (eager = "
+                       << (options_.eager ? "true" : "false") << ") needs " << want
+                       << ": resume with the eager setting of the run that saved it");
   }
   // Residuals: only of this run's fragments, each of the size its allreduce keeps.
   const int local = allreduce_->local_world_size();
@@ -420,6 +470,7 @@ void OuterSync::load_state(const OuterSyncState& s) {
     fragments_[f].round = s.rounds[f];
     fragments_[f].anchor = s.anchors[f];
     fragments_[f].momentum = s.momenta[f];
+    fragments_[f].eager.clear();
   }
   for (const OuterPendingRound& p : s.pending) {
     Fragment& f = fragments_[p.fragment];
@@ -431,6 +482,7 @@ void OuterSync::load_state(const OuterSyncState& s) {
     in_flight_->sync_step = p.merge_step - options_.overlap_steps;
     in_flight_->finished = true;  // its bytes were counted by the run that saved it
     in_flight_->finite = p.finite;
+    f.eager = p.eager;
   }
 }
 

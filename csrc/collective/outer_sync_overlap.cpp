@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "gradcomp/outer_sync.h"
+#include "math/outer_math.h"
 #include "outer_sync_parts.h"
 
 namespace gradcomp {
@@ -28,6 +29,7 @@ void OuterSync::start_round(uint32_t index) {
   agree(index);
   Fragment& f = fragments_[index];
   prepare(f);
+  if (options_.eager) take_eager_step(f);
   auto round = std::make_unique<InFlight>();
   round->fragment = index;
   round->round = f.round;
@@ -42,6 +44,17 @@ void OuterSync::start_round(uint32_t index) {
     const auto begin = std::chrono::steady_clock::now();
     try {
       r->finite = reduce(r->fragment);
+      // The outer step, here rather than at the merge on the caller's thread: on copies, since
+      // state() may still save the anchor it starts from. Nothing else touches this fragment's
+      // anchor and momentum until the join (the eager step read them before the thread began).
+      if (r->finite) {
+        Fragment& fr = fragments_[r->fragment];
+        fr.next_anchor = fr.anchor;
+        fr.next_momentum = fr.momentum;
+        outer_step(fr, reinterpret_cast<const float*>(fr.gradient.get()), fr.next_anchor.data(),
+                   fr.next_momentum.data());
+        r->stepped = true;
+      }
     } catch (...) {
       r->error = std::current_exception();
     }
@@ -51,6 +64,19 @@ void OuterSync::start_round(uint32_t index) {
   const double seconds = since(start);
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.seconds += seconds;
+}
+
+void OuterSync::take_eager_step(Fragment& f) {
+  // Before the round's thread exists: the allreduce replaces this rank's g with the mean in place.
+  const size_t n = static_cast<size_t>(f.numel);
+  const float* g = reinterpret_cast<const float*>(f.gradient.get());
+  f.eager.resize(n);
+  for (size_t e = 0; e < n; ++e) {
+    float buf = f.momentum[e];  // the shared buffer takes only the global step, at the merge
+    f.eager[e] = math::outer_sgd(f.anchor[e], g[e], &buf, options_.outer_lr,
+                                 options_.outer_momentum, options_.nesterov);
+  }
+  write_params(f, f.eager);
 }
 
 void OuterSync::finish_round() {
@@ -95,7 +121,8 @@ bool OuterSync::flush() {
 void OuterSync::merge_round() {
   finish_round();
   const auto start = std::chrono::steady_clock::now();
-  apply(in_flight_->fragment, in_flight_->finite, options_.mixing);
+  apply(in_flight_->fragment, in_flight_->finite, in_flight_->stepped);
+  fragments_[in_flight_->fragment].eager.clear();
   in_flight_.reset();
   const double seconds = since(start);
   std::lock_guard<std::mutex> lock(stats_mu_);

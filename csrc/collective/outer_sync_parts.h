@@ -19,6 +19,11 @@ struct OuterSync::Fragment {
   // The outer gradient, fp32, in the backend's memory; the allreduce's mean after a round (kept
   // there until the merge when the round is overlapped).
   detail::BackendBuffer gradient;
+  // eager: the eager anchor of the round in flight (host fp32), what the merge corrects from.
+  std::vector<float> eager;
+  // overlap_steps > 0: the outer step taken on the round's thread (anchor and momentum after it),
+  // swapped in at the merge.
+  std::vector<float> next_anchor, next_momentum;
 };
 
 struct OuterSync::InFlight {
@@ -30,6 +35,7 @@ struct OuterSync::InFlight {
   bool finished = false;     // joined and counted (or loaded from a state)
   // Written by the thread, read after the join.
   bool finite = true;
+  bool stepped = false;  // the thread took the outer step into next_anchor / next_momentum
   std::exception_ptr error;
   double seconds = 0.0;
 };

@@ -40,6 +40,7 @@ EngineOptions engine_options(const CodecSpec& codec) {
     c.residual_dtype = q2->residual_dtype;
     c.seed = q2->seed;
     c.piece_numel = q2->piece_numel;
+    c.kernels = q2->kernels;
   } else {
     o.compress = false;
     c.error_feedback = false;

@@ -142,6 +142,30 @@ std::string prometheus_text(const ReductionStats& s, const MetricLabels& labels)
   return e.text();
 }
 
+std::string prometheus_text(const ReductionStats& gradients, const ReductionStats& weights,
+                            const MetricLabels& labels) {
+  Exposition e(labels);
+  const ReductionStats& w = weights;
+  e.metric("gradcomp_weight_all_gathers_total", "counter",
+           "Parameter all-gathers run (one per module and all-gather).", w.buckets);
+  e.metric("gradcomp_weight_sent_bytes_total", "counter",
+           "Bytes this rank put on the wire for parameter all-gathers.", w.bytes_sent);
+  e.metric("gradcomp_weight_uncompressed_bytes_total", "counter",
+           "Bytes the all-gathers in the parameters' own dtype would have sent.",
+           w.uncompressed_bytes);
+  e.metric("gradcomp_weight_compression_ratio", "gauge",
+           "Weight uncompressed bytes over weight sent bytes since the start (0 before any).",
+           w.bytes_sent > 0 ? static_cast<double>(w.uncompressed_bytes) / w.bytes_sent : 0.0);
+  e.metric("gradcomp_weight_codec_seconds_total", "counter",
+           "Seconds of weight encoding and decoding (outside the all-gathers).", w.codec_seconds);
+  e.metric("gradcomp_weight_communication_seconds_total", "counter",
+           "Seconds in parameter all-gathers.", w.comm_seconds);
+  e.metric("gradcomp_weight_failed_all_gathers_total", "counter",
+           "Parameter all-gathers that raised (a non-finite weight, a peer's damaged payload).",
+           w.failed_buckets);
+  return prometheus_text(gradients, labels) + e.text();
+}
+
 namespace {
 
 // Closes a descriptor and, unless released, removes the temporary it wrote.

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "half.h"
+#include "q4_math.h"
 
 namespace gradcomp {
 namespace math {
@@ -48,6 +49,37 @@ GRADCOMP_HD int int8_quantize(float x, float scale) {
 // the output dtype once (store_from_float).
 GRADCOMP_HD float int8_dequantize(int q, float scale) {
   return mul_rn((float)q, scale);
+}
+
+// ---- The same rules without a division or a conversion per element (the v2 kernels) --------
+// Each equals its counterpart above bit for bit (tests/math/test_int8_fast_math.cpp, over every
+// code of the int8 range and its rounding turns).
+
+// 1.5 * 2^23: adding it to a float in [-127, 127] leaves the value rounded to the nearest
+// integer, ties to even, in the low mantissa bits (the ulp there is 1), as rintf does.
+constexpr float kInt8RoundMagic = 12582912.0f;
+constexpr uint32_t kInt8RoundMagicBits = 0x4B400000u;
+
+// The code byte of int8_quantize(x, scale) from the quotient t0 = x / scale (div_rn's, or
+// q4_fast_quotient's, whose -0 for +0 rounds alike): clamped first (the same codes, as rintf is
+// monotone and the bounds are integers), then rounded by the magic addition; the low byte of the
+// sum's bits is the code's two's complement. A block whose scale is not > 0 gets code 0.
+GRADCOMP_HD uint8_t int8_code_byte(float t0, float scale) {
+  const float t = fminf(fmaxf(t0, -127.0f), 127.0f);
+  return scale > 0.0f ? (uint8_t)(float_bits(add_rn(t, kInt8RoundMagic)) & 0xFFu) : (uint8_t)0;
+}
+
+// int8_dequantize of a code byte: the code as a float from the bits of 1.5 * 2^23 + code, exact,
+// times the scale.
+GRADCOMP_HD float int8_dequantize_byte(uint8_t code, float scale) {
+  const uint32_t sext = (uint32_t)(int32_t)(int8_t)code;
+  return mul_rn(sub_rn(bits_float(kInt8RoundMagicBits + sext), kInt8RoundMagic), scale);
+}
+
+// Whether a block may take q4_fast_quotient: its scale and its smallest non-zero |x| in the
+// domain proven there (scales from int8_scale_bits are > 0 for any block that is not all zeros).
+GRADCOMP_HD bool int8_fast_block(float scale, uint32_t min_dividend_key) {
+  return q4_fast_step(scale) && q4_fast_dividends(min_dividend_key);
 }
 
 }  // namespace math

@@ -29,5 +29,12 @@ GRADCOMP_HD float outer_mix(float local, float global, float alpha) {
   return add_rn(mul_rn(alpha, local), mul_rn(sub_rn(1.0f, alpha), global));
 }
 
+// Eager updates' merge: the parameters went on from the eager anchor (this rank's own outer step)
+// for tau inner steps; the late global anchor replaces it and that progress stays: local +
+// (global - eager), the difference rounded first.
+GRADCOMP_HD float outer_eager_correct(float local, float global, float eager) {
+  return add_rn(local, sub_rn(global, eager));
+}
+
 }  // namespace math
 }  // namespace gradcomp

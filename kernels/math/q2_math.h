@@ -3,6 +3,7 @@
 #pragma once
 
 #include "float_ops.h"
+#include "q4_math.h"
 
 namespace gradcomp {
 namespace math {
@@ -81,6 +82,44 @@ GRADCOMP_HD float q2_code_value(uint32_t code) {
 
 GRADCOMP_HD float q2_dequantize(uint32_t code, float step) {
   return mul_rn(q2_code_value(code), step);
+}
+
+// ---- The same rules without integer conversions or a division per element (the v2 kernels) --
+// Each equals its counterpart above for every input (tests/math/test_q2_math.cpp), as q4's do:
+// floorf and bit tricks instead of int<->float conversions, which run at a quarter of the float
+// rate on the GPU. The quotient x / step comes from the caller: div_rn, or q4_fast_quotient
+// where q4_fast_step and q4_fast_dividends allow (a rule about the division, not about q4).
+
+// The code as a float in {0, 1, 2, 3} from the quotient t0 = x / step: kQ2FillCode for a block
+// whose step is not > 0 (whatever t0 is), otherwise q2_quantize_positive_step's code. u >= 0, so
+// floorf is the truncation the reference takes; -0 and +0 quotients give the same u.
+GRADCOMP_HD float q2_quantize_quotient(float t0, float step, uint32_t rand16, bool stochastic) {
+  const float u = fminf(fmaxf(add_rn(t0, kQ2Offset), 0.0f), 3.0f);
+  const float fl = floorf(u);
+  const float frac = sub_rn(u, fl);
+  const float bar = stochastic ? q4_random_unit(rand16) : (fl >= 1.0f ? 0x1.fffffep-2f : 0.5f);
+  const float c = fminf(add_rn(fl, bar < frac ? 1.0f : 0.0f), 3.0f);
+  return step > 0.0f ? c : (float)kQ2FillCode;
+}
+
+GRADCOMP_HD float q2_quantize_float(float x, float step, uint32_t rand16, bool stochastic) {
+  return q2_quantize_quotient(div_rn(x, step), step, rand16, stochastic);
+}
+
+// The 2 code bits of a code held as a float in {0, 1, 2, 3}: the low bits of 2^23 + code.
+GRADCOMP_HD uint32_t q2_code_bits_of(float code) {
+  return float_bits(add_rn(code, 8388608.0f)) & 3u;
+}
+
+// (code - 1.5), exactly, for a code held as a float (the encoder's residual).
+GRADCOMP_HD float q2_level_of(float code) {
+  return sub_rn(code, kQ2Offset);
+}
+
+// q2_code_value without a conversion: 2^22 has ulp 1/2, so 2^22 + code is its bits plus 2 code,
+// and subtracting 2^22 + 1.5 leaves code - 1.5 exactly.
+GRADCOMP_HD float q2_code_value_of_bits(uint32_t code) {
+  return sub_rn(bits_float(0x4A800000u | (code << 1)), 4194305.5f);
 }
 
 // Element i of a packed run sits in byte i / 4, bits 2 (i % 4) and up.

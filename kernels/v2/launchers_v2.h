@@ -20,6 +20,11 @@ LaunchStatus run_q4_encode(const Q4EncodeParams& p, int max_ctas, cudaStream_t s
 // written when one is bad.
 LaunchStatus run_q4_decode(const Q4DecodeParams& p, cudaStream_t stream);
 
+// q2 (codec kCodecQ2 in the params): kernels::run_q4_encode's and run_q4_decode's contracts with
+// q2's bytes (cpu_q2.cpp is the reference). q2 has no v1 kernels: these are its only ones.
+LaunchStatus run_q2_encode(const Q4EncodeParams& p, int max_ctas, cudaStream_t stream);
+LaunchStatus run_q2_decode(const Q4DecodeParams& p, cudaStream_t stream);
+
 // Same contract as kernels::run_check_payloads.
 LaunchStatus run_check_payloads(const PayloadCheckParams& p, cudaStream_t stream);
 

@@ -10,6 +10,8 @@ end is ``gradcomp::DiLoCo``; this module only adapts them to a model and an opti
 """
 from __future__ import annotations
 
+import io
+
 import torch
 import torch.distributed as dist
 
@@ -27,8 +29,9 @@ def _positive_int(name, value, low=1):
 
 class DiLoCo:
     """The outer rounds of one model. ``step()`` after each inner optimizer step (done for you when an
-    optimizer was given); ``stats()``; ``state_dict()`` / ``load_state_dict()`` (this rank's: anchors,
-    outer momentum, round counters, residuals; save the model and the inner optimizer beside it)."""
+    optimizer was given); ``stats()``; ``state_dict()`` / ``load_state_dict()`` (this rank's anchors, outer
+    momentum, round counters, residuals and round in flight, under the key ``"rank<r>"`` so that
+    ``torch.distributed.checkpoint`` keeps every rank's; save the model and the inner optimizer beside it)."""
 
     def __init__(self, params, optimizer=None, codec=None, *, inner_steps=100, outer_lr=0.7, outer_momentum=0.9,
                  nesterov=True, fragments=1, overlap_steps=0, mixing=0.0, eager=False, process_group=None,
@@ -43,9 +46,14 @@ class DiLoCo:
         _positive_int("overlap_steps", overlap_steps, low=0)
         if isinstance(mixing, bool) or not isinstance(mixing, (int, float)) or not 0.0 <= mixing <= 1.0:
             raise ValueError(f"mixing (alpha) must be a number in [0, 1], got {mixing!r}")
-        if eager:
-            raise ValueError("gradcomp DiLoCo: eager updates (eager=True) are not implemented yet; use "
-                             "overlap_steps and mixing without eager")
+        if not isinstance(eager, bool):
+            raise ValueError(f"eager must be True or False, got {eager!r}")
+        if eager and overlap_steps == 0:
+            raise ValueError("gradcomp DiLoCo: eager updates (eager=True) need overlap_steps (tau) > 0: without "
+                             "overlap the global update is there at once")
+        if eager and mixing != 0.0:
+            raise ValueError(f"gradcomp DiLoCo: eager updates take mixing (alpha) = 0, got {mixing!r}: the eager "
+                             f"merge keeps the tau steps' local progress itself")
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.params = list(params)
@@ -89,11 +97,39 @@ class DiLoCo:
         bucket): ``gradcomp.torch.metrics.serve(port, diloco)`` serves them."""
         return self._native.metrics_text()
 
-    def state_dict(self) -> dict:
+    def local_state_dict(self) -> dict:
+        """This rank's state as named tensors (format, rounds, anchors, momenta, residuals, the round in flight
+        and, with eager, this rank's eager step). With a round in flight it waits for its allreduce first."""
         return self._native.state_dict()
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_local_state_dict(self, state: dict) -> None:
+        """Restores ``local_state_dict()`` (refused whole, naming what is wrong, when it does not fit)."""
         self._native.load_state_dict(state)
+
+    def state_dict(self) -> dict:
+        """``{"rank<r>": bytes}``: this rank's ``local_state_dict()`` serialized under a key of its own, so that
+        ``torch.distributed.checkpoint`` (which keeps one copy of keys every rank has) saves every rank's
+        residuals and round in flight; also fine for a per-rank ``torch.save``."""
+        buffer = io.BytesIO()
+        torch.save(self.local_state_dict(), buffer)
+        return {f"rank{_rank()}": buffer.getvalue()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores ``state_dict()`` (this rank's entry), or a state saved before states were keyed by rank (the
+        named tensors themselves, as ``local_state_dict()`` gives them)."""
+        if isinstance(state, dict) and "format" in state:
+            self.load_local_state_dict(state)
+            return
+        key = f"rank{_rank()}"
+        if not isinstance(state, dict) or key not in state:
+            have = sorted(k for k in state if isinstance(k, str) and k.startswith("rank")) if isinstance(state, dict) \
+                else []
+            raise ValueError(f"gradcomp DiLoCo state has no entry for this rank ({key}); it holds {have}: saved by "
+                             f"another world size? (each rank's residuals and round are its own)")
+        value = state[key]
+        # weights_only: the state is named tensors, and a checkpoint is data, never code.
+        local = torch.load(io.BytesIO(value), weights_only=True) if isinstance(value, (bytes, bytearray)) else value
+        self.load_local_state_dict(local)
 
     def remove(self) -> None:
         """Stops syncing on the optimizer's steps."""
@@ -111,7 +147,9 @@ def diloco(model, optimizer=None, codec=None, **options) -> DiLoCo:
     (1; streaming: the parameters in this many fragments whose rounds are staggered), ``overlap_steps``
     (tau, 0; > 0: a fragment's round runs in the background and merges tau inner steps after its sync point;
     tau * fragments < H; CPU parameters only so far), ``mixing`` (alpha, 0.0: at the merge the fragment
-    becomes alpha * local + (1 - alpha) * global), ``eager`` (not implemented: True is refused),
+    becomes alpha * local + (1 - alpha) * global), ``eager`` (False; True, with overlap_steps > 0 and mixing 0:
+    at the sync point each rank takes the outer step with its own outer gradient at once and trains on from
+    there; at the merge the late global step replaces it, param += global - eager; docs/algorithms.md),
     ``process_group`` (with overlap_steps > 0, a group the program uses for nothing else meanwhile),
     ``local_world_size`` (ranks per node for the hierarchical allreduce; None, the default: the launcher's
     ranks per node when the job spans several nodes, as ``register``'s), ``timeout`` (seconds). Only
@@ -129,3 +167,7 @@ def diloco(model, optimizer=None, codec=None, **options) -> DiLoCo:
                 raise ValueError("gradcomp DiLoCo replaces FSDP: pass the unwrapped model")
     params = model.parameters() if isinstance(model, torch.nn.Module) else model
     return DiLoCo(params, optimizer, codec, **options)
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

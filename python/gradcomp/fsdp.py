@@ -106,21 +106,28 @@ class FsdpHook:
         self._collective("replicate", group).allreduce(tensor, bucket)
 
     def stats(self) -> dict:
-        """``{"step": ..., "total": ...}``: buckets (one per module and collective per step), bytes sent (a
-        module's first step also carries its layout agreement), the bytes the uncompressed collective of
-        the same dtype would send, their ratio, codec and communication seconds, non-finite buckets; and
-        the same per collective under ``"reduce_scatter"`` / ``"replicate"`` / ``"all_gather"`` (the int8
-        weights: uncompressed bytes are those of FSDP's own all-gather in the parameters' dtype). Zero until
-        a collective ran (FSDP calls none at one rank)."""
+        """``{"step": ..., "total": ...}``: the gradients' collectives (reduce-scatter and replica
+        all-reduce): buckets (one per module and collective per step), bytes sent (a module's first step
+        also carries its layout agreement), the bytes the uncompressed collective of the same dtype would
+        send, their ratio, codec and communication seconds, non-finite buckets; and the same per
+        collective under ``"reduce_scatter"`` / ``"replicate"`` / ``"all_gather"``. The int8 weights'
+        all-gather (``params=``) counts only under ``"all_gather"`` (its uncompressed bytes are those of
+        FSDP's own all-gather in the parameters' dtype), as its Prometheus series are gradcomp_weight_*
+        beside the gradients' gradcomp_*: the wire carries the sum of both. Zero until a collective ran
+        (FSDP calls none at one rank)."""
         per = {k: {"step": c.last_step_stats(), "total": c.total_stats()} for k, c in self._collectives.items()}
-        return {"step": _sum_stats([p["step"] for p in per.values()]),
-                "total": _sum_stats([p["total"] for p in per.values()]), **per}
+        gradients = [p for k, p in per.items() if k != "all_gather"]
+        return {"step": _sum_stats([p["step"] for p in gradients]),
+                "total": _sum_stats([p["total"] for p in gradients]), **per}
 
     def metrics_text(self) -> str:
-        """This rank's counters of both collectives together in Prometheus's text format
-        (front_end="fsdp"; gradcomp.torch.metrics serves them)."""
+        """This rank's counters in Prometheus's text format (front_end="fsdp"; gradcomp.torch.metrics
+        serves them): the gradients' collectives as gradcomp_* (``stats()["total"]``), and with
+        ``params=`` the weights' all-gathers as gradcomp_weight_* (``stats()["all_gather"]["total"]``).
+        Reads counters only: a scrape never waits for a collective in flight."""
         codec = "q4" if isinstance(self.codec, Q4) else "topk"
-        return _C.fsdp_metrics_text(list(self._collectives.values()), _rank(), codec)
+        return _C.fsdp_metrics_text(list(self._collectives.values()), _rank(), codec,
+                                    self._param_options is not None)
 
     def local_state_dict(self) -> dict:
         """This rank's state as plain dicts: per collective, its residuals (uint8 tensors by bucket),
@@ -329,8 +336,9 @@ def fsdp(model: torch.nn.Module, codec=None, *, params=None, replicate_group=Non
         check_optimizer(optimizer, hook.codec)
     if reduce_scatter:
         meshes = {getattr(p, "device_mesh", None) for m in modules for p in m.parameters()} - {None}
-        if len(meshes) == 1:
-            hook._sizes["reduce_scatter"] = next(iter(meshes)).size()
+        if len(meshes) == 1:  # FSDP reduce-scatters over the mesh's last dimension (HSDP: the shard one)
+            mesh = next(iter(meshes))
+            hook._sizes["reduce_scatter"] = mesh.size(mesh.ndim - 1)
     if replicate_group is not None:
         hook._sizes["replicate"] = replicate_group.size()
         _check_shard_only(modules)

@@ -1,12 +1,14 @@
 // Block-scaled int8 (the weight all-gather's codec): element math and the row payload, byte exact.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "gradcomp/all_gather.h"
+#include "gradcomp/backend.h"
 #include "math/int8_math.h"
 
 namespace gradcomp {
@@ -142,6 +144,78 @@ TEST(Int8Row, CorruptedOrForeignPayloadsAreRefusedNamingTheRank) {
     }
   }
   EXPECT_THROW(int8_check_row(payload.data(), row.runs, 2, 32, 0), PayloadError);
+}
+
+// The Backend operations over the same codec: encode equals int8_encode_row and reports the first
+// non-finite element; decode checks every payload before it writes any row.
+TEST(Int8Backend, CpuEncodeAndDecodeAreTheRowCodecAndWriteNothingForABadPayload) {
+  SmallRow row;
+  auto backend = make_cpu_backend();
+  const Int8Run runs[2] = {{math::kDtypeF32, 20}, {math::kDtypeBF16, 3}};
+  const uint64_t slot = int8_payload_bytes(row.runs, 2, 16);
+  std::vector<uint8_t> expected(slot), payloads(3 * slot, 0xAB);
+  int8_encode_row(row.bytes.data(), row.runs, 2, 16, expected.data());
+  uint64_t nonfinite_at = 99;
+  Int8EncodeParams e;
+  e.input = row.bytes.data();
+  e.runs = runs;
+  e.num_runs = 2;
+  e.block_size = 16;
+  e.payload_bytes = slot;
+  e.nonfinite_at = &nonfinite_at;
+  for (int w = 0; w < 3; ++w) {
+    e.payload = payloads.data() + slot * w;
+    backend->int8_encode(e);
+    EXPECT_EQ(nonfinite_at, 0u);
+    EXPECT_TRUE(std::equal(expected.begin(), expected.end(), payloads.begin() + slot * w));
+  }
+  std::vector<uint8_t> in = row.bytes;
+  const float nan = NAN;
+  std::memcpy(in.data() + 4 * 13, &nan, 4);
+  e.input = in.data();
+  e.payload = payloads.data() + slot;  // rank 1's row holds a NaN at element 13
+  backend->int8_encode(e);
+  EXPECT_EQ(nonfinite_at, 14u);
+
+  const uint64_t row_bytes = row.bytes.size();
+  std::vector<uint8_t> out(3 * row_bytes, 0x5A);
+  const uint8_t* ptrs[3] = {payloads.data(), payloads.data() + slot, payloads.data() + 2 * slot};
+  int32_t verdicts[4] = {-1, -1, -1, -1};
+  Int8DecodeParams d;
+  d.payloads = ptrs;
+  d.num_payloads = 3;
+  d.payload_bytes = slot;
+  d.runs = runs;
+  d.num_runs = 2;
+  d.block_size = 16;
+  d.output = out.data();
+  d.output_bytes = out.size();
+  d.verdicts = verdicts;
+  backend->int8_decode(d);
+  EXPECT_EQ(verdicts[0], kInt8Ok);
+  EXPECT_EQ(verdicts[1], kInt8Nonfinite);
+  EXPECT_EQ(verdicts[2], kInt8Ok);
+  EXPECT_EQ(verdicts[3], 1);
+  for (uint8_t b : out) ASSERT_EQ(b, 0x5A);
+
+  payloads[2 * slot + 40] ^= 1;  // a flipped scale bit in rank 2's row
+  std::copy(expected.begin(), expected.end(), payloads.begin() + slot);
+  backend->int8_decode(d);
+  EXPECT_EQ(verdicts[1], kInt8Ok);
+  EXPECT_EQ(verdicts[2], kInt8BadChecksum);
+  EXPECT_EQ(verdicts[3], 1);
+  for (uint8_t b : out) ASSERT_EQ(b, 0x5A);
+
+  payloads[2 * slot + 40] ^= 1;
+  backend->int8_decode(d);
+  EXPECT_EQ(verdicts[3], 0);
+  std::vector<uint8_t> one(row_bytes);
+  int8_decode_row(expected.data(), row.runs, 2, 16, one.data());
+  for (int w = 0; w < 3; ++w)
+    EXPECT_TRUE(std::equal(one.begin(), one.end(), out.begin() + row_bytes * w)) << w;
+
+  d.output_bytes = out.size() - 1;  // one byte short of three rows: refused, nothing written
+  EXPECT_THROW(backend->int8_decode(d), Error);
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ struct Emulated {
 Emulated emulate_encode(const std::vector<float>& x, const std::vector<float>& rin, bool ef,
                         int block, bool stochastic, const math::RngKey& key) {
   const int64_t numel = static_cast<int64_t>(x.size());
-  const Q4Layout l = q4_layout(static_cast<uint64_t>(numel), static_cast<uint32_t>(block));
+  const BlockLayout l = q4_layout(static_cast<uint64_t>(numel), static_cast<uint32_t>(block));
   Emulated e;
   e.payload.assign(l.total, 0xCD);
   e.writes.assign(l.total, 0);
@@ -163,7 +163,7 @@ TEST(Q4V2Map, EncodeWritesEveryPayloadByteOnceAndEqualsTheReference) {
 // A mutation the map must catch: the block's lanes reduced over one lane too few.
 TEST(Q4V2Map, LanesOfABlockCoverExactlyTheBlock) {
   for (int block : {16, 32, 64, 128, 256}) {
-    const Q4Layout l = q4_layout(4096, static_cast<uint32_t>(block));
+    const BlockLayout l = q4_layout(4096, static_cast<uint32_t>(block));
     const int lanes_per_block = 1 << (l.log2_block - 3);
     EXPECT_EQ(lanes_per_block * kLaneElements, block);
     for (int lane = 0; lane < kWarpLanes; ++lane) {
@@ -207,7 +207,7 @@ TEST(Q4V2Map, DecodeAndMeanEqualsTheReference) {
       for (auto& p : payloads) ptrs.push_back(&p);
       const float divisor = static_cast<float>(w);
       HostTensor ref = testing::q4_decode_payloads(ptrs, n, 64, DType::kFloat32, divisor);
-      const Q4Layout l = q4_layout(static_cast<uint64_t>(n), 64);
+      const BlockLayout l = q4_layout(static_cast<uint64_t>(n), 64);
       float inverse = 0.0f;
       const bool pow2 = math::pow2_reciprocal(divisor, &inverse);
       for (int64_t i = 0; i < n; ++i) {

@@ -140,6 +140,10 @@ TEST(CompressedAllGather, ANonFiniteShardIsRefusedOnEveryRankNamingTheRank) {
     EXPECT_NE(e.find("blocks.3 (bucket 7)"), std::string::npos) << e;
     EXPECT_NE(e.find("rank(s) 1 hold NaN or infinity"), std::string::npos) << e;
   }
+  // Rank 1 also says where in its own shard (errors arrive in rank order).
+  EXPECT_NE(errors[1].find("this rank's first is element 42 of run 0 (float32"), std::string::npos)
+      << errors[1];
+  EXPECT_EQ(errors[0].find("this rank's first"), std::string::npos) << errors[0];
 }
 
 TEST(CompressedAllGather, RanksWithOtherLayoutsAreNamedInsteadOfHanging) {

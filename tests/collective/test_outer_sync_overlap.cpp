@@ -64,12 +64,13 @@ struct Case {
   int world;
   uint32_t fragments, h, tau;
   float alpha;
+  bool eager = false;
 };
 
 std::string name(const Case& c) {
   return "W" + std::to_string(c.world) + "_F" + std::to_string(c.fragments) + "_H" +
          std::to_string(c.h) + "_Tau" + std::to_string(c.tau) + "_Alpha" +
-         std::to_string(static_cast<int>(c.alpha * 10)) + "Tenths";
+         std::to_string(static_cast<int>(c.alpha * 10)) + "Tenths" + (c.eager ? "_Eager" : "");
 }
 
 // ctest's names of the cases (gtest_discover_tests takes the printed parameter).
@@ -79,7 +80,9 @@ void PrintTo(const Case& c, std::ostream* os) {
 
 // The rule written out sequentially: at fragment f's sync point g = anchor - param goes through
 // the compressed allreduce at once; tau steps later the anchor takes the outer step with that
-// mean and the parameters become alpha * (their value then) + (1 - alpha) * anchor.
+// mean and the parameters become alpha * (their value then) + (1 - alpha) * anchor. Eager: the
+// sync point also moves the parameters to this rank's own outer step (on a copy of the buffer),
+// and the merge adds anchor - that eager anchor to them instead of mixing.
 void reference_run(const Case& c, Params& params, uint64_t steps) {
   InProcessGroup group(c.world);
   run_ranks(group, [&](int r, Communicator& comm) {
@@ -88,7 +91,7 @@ void reference_run(const Case& c, Params& params, uint64_t steps) {
     auto& mine = params[static_cast<size_t>(r)];
     const size_t tensors = mine.size(), per = tensors / c.fragments;
     struct Frag {
-      std::vector<float> anchor, buf, mean;
+      std::vector<float> anchor, buf, mean, eager;
       uint32_t round = 0;
       uint64_t merge = 0;
     };
@@ -113,7 +116,11 @@ void reference_run(const Case& c, Params& params, uint64_t steps) {
       std::vector<float> local = gather(f);
       for (size_t e = 0; e < local.size(); ++e) {
         fr.anchor[e] = sgd_reference(fr.anchor[e], fr.mean[e], &fr.buf[e], 0.7f, 0.9f);
-        local[e] = c.alpha == 0.0f ? fr.anchor[e] : mix_reference(local[e], fr.anchor[e], c.alpha);
+        if (c.eager)
+          local[e] = local[e] + (fr.anchor[e] - fr.eager[e]);
+        else
+          local[e] =
+              c.alpha == 0.0f ? fr.anchor[e] : mix_reference(local[e], fr.anchor[e], c.alpha);
       }
       ++fr.round;
       fr.merge = 0;
@@ -128,6 +135,14 @@ void reference_run(const Case& c, Params& params, uint64_t steps) {
         Frag& fr = frags[f];
         std::vector<float> g = gather(f);
         for (size_t e = 0; e < g.size(); ++e) g[e] = fr.anchor[e] - g[e];
+        if (c.eager) {
+          fr.eager.resize(g.size());
+          for (size_t e = 0; e < g.size(); ++e) {
+            float scratch = fr.buf[e];
+            fr.eager[e] = sgd_reference(fr.anchor[e], g[e], &scratch, 0.7f, 0.9f);
+          }
+          scatter(f, fr.eager);
+        }
         allreduce.set_step(fr.round);
         const Segment s{g.data(), 0, static_cast<int64_t>(g.size())};
         ASSERT_TRUE(allreduce.allreduce(&s, 1, DType::kFloat32, f));
@@ -147,6 +162,7 @@ OuterSyncOptions options(const Case& c) {
   o.fragments = c.fragments;
   o.overlap_steps = c.tau;
   o.mixing = c.alpha;
+  o.eager = c.eager;
   return o;
 }
 
@@ -175,7 +191,7 @@ TEST_P(OuterSyncOverlap, EqualsTheSequentialReferenceOfTheDelayedMixedRule) {
   reference_run(c, mirror, steps);
   for (int r = 0; r < c.world; ++r) EXPECT_EQ(ranks[r], mirror[r]) << "rank " << r;
   EXPECT_NE(ranks[0][0][3], std::sin(3 * 0.37f));
-  if (c.alpha == 0.0f && c.fragments == 1) EXPECT_EQ(ranks[1], ranks[0]);
+  if (c.alpha == 0.0f && c.fragments == 1 && !c.eager) EXPECT_EQ(ranks[1], ranks[0]);
 }
 
 // Named OuterSync/... so that the OuterSync* filter (the TSan run's) takes them too.
@@ -184,11 +200,16 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{2, 1, 6, 2, 0.0f}, Case{2, 1, 6, 2, 0.5f}, Case{3, 1, 6, 5, 0.5f},
                       Case{2, 2, 6, 2, 0.0f}, Case{3, 2, 6, 2, 0.5f}, Case{3, 2, 8, 3, 0.0f},
                       // Offsets 0, 1, 3, 4: fragment 0 merges at fragment 1's sync point.
-                      Case{2, 4, 6, 1, 0.5f}),
+                      Case{2, 4, 6, 1, 0.5f},
+                      // Eager: its own outer step at the sync point, corrected at the merge.
+                      Case{2, 1, 6, 2, 0.0f, true}, Case{3, 1, 6, 5, 0.0f, true},
+                      Case{2, 2, 6, 2, 0.0f, true}, Case{3, 2, 8, 3, 0.0f, true},
+                      Case{3, 4, 6, 1, 0.0f, true}),
     [](const ::testing::TestParamInfo<Case>& info) { return name(info.param); });
 
-TEST(OuterSync, OverlapResumesBitForBitWithARoundInFlight) {
-  const Case c{2, 2, 6, 2, 0.5f};
+// Saves every rank's state after step 7 (fragment 0 synced after step 6, merges after step 8),
+// resumes from it, and expects the unbroken run's parameters; returns the saved states.
+std::vector<OuterSyncState> resume_mid_overlap(const Case& c) {
   Params straight = make_params(c.world, {96, 64, 80, 48});
   Params resumed = straight;
   std::vector<OuterSyncState> saved(c.world);
@@ -199,13 +220,14 @@ TEST(OuterSync, OverlapResumesBitForBitWithARoundInFlight) {
     for (uint64_t t = 1; t <= 20; ++t) {
       inner_step(straight[r], r, t);
       sync.step();
-      if (t == 7) {  // fragment 0 synced after step 6, merges after step 8
+      if (t == 7) {
         saved[r] = sync.state();
         resumed[r] = straight[r];
       }
     }
   });
-  ASSERT_EQ(saved[0].pending.size(), 1u);
+  EXPECT_EQ(saved[0].pending.size(), 1u);
+  if (saved[0].pending.size() != 1u || saved[1].pending.size() != 1u) return saved;
   EXPECT_EQ(saved[0].pending[0].fragment, 0u);
   EXPECT_EQ(saved[0].pending[0].merge_step, 8u);
   run_ranks(g2, [&](int r, Communicator& comm) {
@@ -218,6 +240,14 @@ TEST(OuterSync, OverlapResumesBitForBitWithARoundInFlight) {
     }
   });
   EXPECT_EQ(resumed, straight);
+  return saved;
+}
+
+TEST(OuterSync, OverlapResumesBitForBitWithARoundInFlight) {
+  const Case c{2, 2, 6, 2, 0.5f};
+  const std::vector<OuterSyncState> saved = resume_mid_overlap(c);
+  ASSERT_EQ(saved[0].pending.size(), 1u);
+  EXPECT_TRUE(saved[0].pending[0].eager.empty());
   // A state with a round in flight is refused by a run without overlap.
   InProcessGroup g3(1);
   Params one = make_params(1, {96, 64, 80, 48});
@@ -230,6 +260,36 @@ TEST(OuterSync, OverlapResumesBitForBitWithARoundInFlight) {
     ADD_FAILURE() << "a round in flight loaded into overlap_steps = 0";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("overlap_steps = 0"), std::string::npos) << e.what();
+  }
+}
+
+TEST(OuterSync, EagerResumesBitForBitWithARoundInFlightAndItsEagerAnchor) {
+  const Case c{2, 2, 6, 2, 0.0f, true};
+  const std::vector<OuterSyncState> saved = resume_mid_overlap(c);
+  ASSERT_EQ(saved[0].pending.size(), 1u);
+  // Each rank's own outer step: fragment 0 is tensors 0 and 1.
+  ASSERT_EQ(saved[0].pending[0].eager.size(), 96u + 64u);
+  EXPECT_NE(saved[0].pending[0].eager, saved[1].pending[0].eager);
+  // An eager state is refused by a run without eager, and the other way round, changing nothing.
+  InProcessGroup solo(1);
+  Params one = make_params(1, {96, 64, 80, 48});
+  auto backend = make_cpu_backend();
+  for (bool eager : {false, true}) {
+    OuterSyncOptions o = options(c);
+    o.eager = eager;
+    OuterSync sync(solo.communicator(0), *backend, q4_config(), o, outer_params(one[0]));
+    OuterSyncState state = saved[0];
+    if (eager) state.pending[0].eager.clear();
+    try {
+      sync.load_state(state);
+      ADD_FAILURE() << "a round in flight loaded with the other eager setting";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("eager anchor values, this run (eager = " +
+                                           std::string(eager ? "true" : "false")),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(sync.state().inner_step, 0u);
   }
 }
 
@@ -357,7 +417,11 @@ TEST(OuterSync, OverlapRefusesTauPastTheNextSyncEagerAndBadMixing) {
   EXPECT_NE(message(o).find("mixing (alpha)"), std::string::npos);
   o.mixing = 0.5f;
   o.eager = true;
-  EXPECT_NE(message(o).find("eager"), std::string::npos);
+  EXPECT_NE(message(o).find("eager updates take mixing (alpha) = 0"), std::string::npos);
+  o.mixing = 0.0f;
+  EXPECT_EQ(message(o), "");
+  o.overlap_steps = 0;
+  EXPECT_NE(message(o).find("eager updates need overlap_steps (tau) > 0"), std::string::npos);
 }
 
 TEST(OuterSync, OverlapRanksWithAnotherTauAreNamedAndSyncFragmentWaitsForFlush) {

@@ -88,6 +88,10 @@ TEST(KernelGeneration, TheCodecOptionReachesTheEngineConfiguration) {
   topk.kernels = KernelGeneration::kV1;
   EXPECT_EQ(engine_options(topk).config.kernels, KernelGeneration::kV1);
   EXPECT_EQ(engine_options(Q4{}).config.kernels, KernelGeneration::kDefault);
+  Q2 q2;
+  q2.kernels = KernelGeneration::kV2;
+  EXPECT_EQ(engine_options(q2).config.kernels, KernelGeneration::kV2);
+  EXPECT_EQ(engine_options(Q2{}).config.kernels, KernelGeneration::kDefault);
 }
 
 }  // namespace

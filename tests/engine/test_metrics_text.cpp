@@ -79,6 +79,56 @@ TEST(MetricsText, EveryCounterIsExportedWithItsLabelsAndExactValues) {
   EXPECT_NE(text.find("# TYPE gradcomp_residual_bytes gauge\n"), std::string::npos);
 }
 
+TEST(MetricsText, WeightAllGathersAreSeriesOfTheirOwnBesideTheGradients) {
+  ReductionStats gradients;
+  gradients.steps = 4;
+  gradients.buckets = 12;
+  gradients.bytes_sent = 1000;
+  gradients.uncompressed_bytes = 7500;
+  gradients.codec_seconds = 0.5;
+  ReductionStats weights;
+  weights.steps = 9;  // not exported: steps are the gradients'
+  weights.buckets = 24;
+  weights.bytes_sent = 3000;
+  weights.uncompressed_bytes = 11000;
+  weights.codec_seconds = 0.25;
+  weights.comm_seconds = 1.5;
+  weights.failed_buckets = 2;
+  MetricLabels l{1, 0, "n", "q4", "fsdp"};
+  const std::string labels =
+      "{rank=\"1\",local_rank=\"0\",node=\"n\",codec=\"q4\",front_end=\"fsdp\"}";
+  const std::string text = prometheus_text(gradients, weights, l);
+  // The gradient series are exactly those of the gradients alone, first.
+  const std::string alone = prometheus_text(gradients, l);
+  ASSERT_EQ(text.substr(0, alone.size()), alone);
+  auto m = samples(text);
+  EXPECT_EQ(m["gradcomp_steps_total" + labels], "4");
+  EXPECT_EQ(m["gradcomp_sent_bytes_total" + labels], "1000");
+  EXPECT_EQ(m["gradcomp_uncompressed_bytes_total" + labels], "7500");
+  EXPECT_EQ(std::stod(m["gradcomp_compression_ratio" + labels]), 7.5);
+  EXPECT_EQ(m["gradcomp_weight_all_gathers_total" + labels], "24");
+  EXPECT_EQ(m["gradcomp_weight_sent_bytes_total" + labels], "3000");
+  EXPECT_EQ(m["gradcomp_weight_uncompressed_bytes_total" + labels], "11000");
+  EXPECT_EQ(std::stod(m["gradcomp_weight_compression_ratio" + labels]), 11000.0 / 3000.0);
+  EXPECT_EQ(m["gradcomp_weight_codec_seconds_total" + labels], "0.25");
+  EXPECT_EQ(m["gradcomp_weight_communication_seconds_total" + labels], "1.5");
+  EXPECT_EQ(m["gradcomp_weight_failed_all_gathers_total" + labels], "2");
+  EXPECT_EQ(text.find("gradcomp_weight_steps"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE gradcomp_weight_sent_bytes_total counter\n"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE gradcomp_weight_compression_ratio gauge\n"), std::string::npos);
+  // Before any all-gather: every weight series present, zero (a ratio of 0, not a division by 0).
+  auto zero = samples(prometheus_text(gradients, ReductionStats{}, l));
+  EXPECT_EQ(zero["gradcomp_weight_sent_bytes_total" + labels], "0");
+  EXPECT_EQ(zero["gradcomp_weight_compression_ratio" + labels], "0");
+  // One family per name: no series twice.
+  std::istringstream in(text);
+  std::map<std::string, int> types;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("# TYPE ", 0) == 0) ++types[line.substr(7, line.find(' ', 7) - 7)];
+  }
+  for (const auto& [name, count] : types) EXPECT_EQ(count, 1) << name;
+}
+
 TEST(MetricsText, TheFileIsReplacedWholeAndAnUnwritablePathIsNamed) {
   const std::string path = ::testing::TempDir() + "gradcomp_metrics_test.prom";
   write_file_atomically(path, "first\n");

@@ -44,12 +44,27 @@ def test_overlap_tau_and_mixing_alpha_equal_the_streaming_reference():
     assert all(s["rounds"] == 6 for s in stats), stats
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_eager_updates_equal_the_streaming_reference_extended_with_eager(world):
+    """eager=True with tau = 2 over two fragments: each rank's own outer step at the sync point, corrected to the
+    global step at the merge, against workers_diloco.OverlapReference(eager=True), bit for bit at every step, with
+    a state_dict taken mid-overlap loaded back."""
+    stats = launch("workers_diloco", "overlapped_trains_like_the_reference", world, True)
+    assert all(s["rounds"] == 6 for s in stats), stats
+
+
 def test_hierarchical_two_by_two_equals_the_reference():
     assert launch("workers_diloco", "trains_like_the_reference", 4, "hierarchical")
 
 
 def test_a_diverged_rank_resets_every_rank_to_the_rounds_start():
     assert all(launch("workers_diloco", "nan_round_resets_every_rank", 2))
+
+
+def test_distributed_checkpoint_keeps_every_ranks_state_and_resumes_bit_for_bit(tmp_path):
+    """DiLoCo's state_dict is keyed by rank: torch.distributed.checkpoint at W = 2 saves both ranks' (differing)
+    residuals and eager steps mid-overlap, and the resumed job equals the unbroken one bit for bit."""
+    assert all(launch("workers_diloco", "resumes_through_distributed_checkpoint", 2, str(tmp_path / "dcp")))
 
 
 def test_resume_bit_for_bit_and_refusals(tmp_path):

@@ -1,5 +1,7 @@
 """gradcomp.torch.fsdp(..., params=gradcomp.Int8()): FSDP2's parameter all-gathers as int8 on real Gloo
 process groups of CPU ranks, checked bit for bit against the pure-PyTorch reference."""
+import re
+
 import pytest
 import torch
 
@@ -14,17 +16,26 @@ has_hook = hasattr(getattr(fsdp_api, "FSDPModule", None), "set_custom_all_gather
 
 @pytest.mark.skipif(not has_hook, reason=f"torch {torch.__version__} has no FSDPModule.set_custom_all_gather")
 @pytest.mark.parametrize("world, cases", [
-    (2, ["fp32", "bf16", "two_dtypes", "reshard_false", "train", "nan"]),
+    (2, ["fp32", "bf16", "two_dtypes", "reshard_false", "train", "metrics", "nan"]),
     (3, ["fp32", "bf16", "cpp_api"]),
-    (4, ["fp32", "reshard_int"]),
+    (4, ["fp32", "reshard_int", "hsdp"]),
 ])
 def test_int8_all_gather_is_the_reference_bit_for_bit(world, cases):
     results = launch("workers_fsdp_params", "int8_all_gather_cases", world, cases)
     assert len(results) == world
-    if "nan" in cases:  # every rank refused, with the same message but for its own rank
-        messages = {r[-1].replace(f"on rank {rank}", "on rank R") for rank, r in enumerate(results)}
+    if "nan" in cases:  # every rank refused, with the same message but for its own rank and
+        # where in its own shard the non-finite value sits (only the ranks holding one say that)
+        local = re.compile(r"; this rank's first is element \d+ of run \d+ \(\w+, element \d+ of its shard\)")
+        assert any(local.search(r[-1]) for r in results), [r[-1] for r in results]
+        messages = {local.sub("", r[-1]).replace(f"on rank {rank}", "on rank R") for rank, r in enumerate(results)}
         assert len(messages) == 1, messages
         print(messages.pop())
+
+
+@pytest.mark.skipif(not has_hook, reason=f"torch {torch.__version__} has no FSDPModule.set_custom_all_gather")
+def test_a_dcp_checkpoint_with_int8_weights_round_trips_and_resumes_bit_for_bit(tmp_path):
+    assert all(launch("workers_fsdp_params", "resumes_with_int8_weights_through_distributed_checkpoint", 2,
+                      str(tmp_path / "dcp")))
 
 
 def test_a_torch_without_set_custom_all_gather_is_refused_by_name(monkeypatch):

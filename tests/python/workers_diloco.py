@@ -95,15 +95,24 @@ class Reference:
 class OverlapReference(Reference):
     """Streaming DiLoCo's overlap in plain PyTorch: the mean of the outer gradient taken at a fragment's sync
     point is computed at once (the reference's allreduce), but the outer step and the merge
-    (reference.streaming_merge) wait tau inner steps, as gradcomp's background round does."""
+    (reference.streaming_merge) wait tau inner steps, as gradcomp's background round does. Eager: at the sync
+    point the fragment takes this rank's own outer step at once (on a copy of the momentum buffer) and trains
+    on from it; the merge adds global - eager to the parameters instead of mixing."""
 
-    def __init__(self, rank, world, split, inner_steps, tau, alpha):
+    def __init__(self, rank, world, split, inner_steps, tau, alpha, eager=False):
         super().__init__(rank, world, split, inner_steps)
-        self.tau, self.alpha, self.pending = tau, alpha, {}
+        self.tau, self.alpha, self.eager, self.pending = tau, alpha, eager, {}
+
+    def _write(self, f, values):
+        at = 0
+        with torch.no_grad():
+            for p in self.frag_params[f]:
+                p.copy_(values[at:at + p.numel()].view_as(p))
+                at += p.numel()
 
     def step(self, t):
         inner_step(self.model, self.opt, self.rank, t, self.dev)
-        for f, (mean, merge) in list(self.pending.items()):
+        for f, (mean, merge, eager) in list(self.pending.items()):
             if merge != t:
                 continue
             del self.pending[f]
@@ -114,33 +123,36 @@ class OverlapReference(Reference):
                 update = mean + self.buf[f] * self.mu
                 self.anchor[f] = self.anchor[f] - update * self.lr
                 self.rounds[f] += 1
-                merged = streaming_merge(now, self.anchor[f], self.alpha)
+                merged = now + (self.anchor[f] - eager) if self.eager else streaming_merge(now, self.anchor[f],
+                                                                                            self.alpha)
             else:
                 merged = self.anchor[f]
-            at = 0
-            with torch.no_grad():
-                for p in ps:
-                    p.copy_(merged[at:at + p.numel()].view_as(p))
-                    at += p.numel()
+            self._write(f, merged)
         for f, ps in enumerate(self.frag_params):
             if t % self.h != f * self.h // len(self.split):
                 continue
             now = torch.cat([p.detach().reshape(-1).float().cpu() for p in ps])
-            self.pending[f] = (self._mean(f, self.anchor[f] - now), t + self.tau)
+            own = self.anchor[f] - now
+            eager = None
+            if self.eager:
+                buf = self.buf[f] * self.mu + own
+                eager = self.anchor[f] - (own + buf * self.mu) * self.lr
+                self._write(f, eager)
+            self.pending[f] = (self._mean(f, own), t + self.tau, eager)
 
 
-def overlapped_trains_like_the_reference(rank, world):
-    """overlap_steps (tau) = 2 and mixing (alpha) = 0.5 over two fragments equal OverlapReference bit for bit
-    at every step; a state_dict taken with a round in flight holds it, and loading it back mid-overlap
-    changes nothing. DiLoCo gets a group of its own: the reference's all_gathers run on the default one
-    while gradcomp's round runs in the background."""
-    h, fragments, tau, alpha = 6, 2, 2, 0.5
+def overlapped_trains_like_the_reference(rank, world, eager=False):
+    """overlap_steps (tau) = 2 and mixing (alpha) = 0.5 (eager: alpha 0 and eager updates) over two fragments
+    equal OverlapReference bit for bit at every step; a state_dict taken with a round in flight holds it (and
+    eager: this rank's eager anchor), and loading it back mid-overlap changes nothing. DiLoCo gets a group of
+    its own: the reference's all_gathers run on the default one while gradcomp's round runs in the background."""
+    h, fragments, tau, alpha = 6, 2, 2, 0.0 if eager else 0.5
     group = dist.new_group(list(range(world)))
     model = make_model(rank)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     d = gt.diloco(model, opt, gradcomp.Q4(seed=SEED), inner_steps=h, fragments=fragments, overlap_steps=tau,
-                  mixing=alpha, process_group=group)
-    ref = OverlapReference(rank, world, d.fragments(), h, tau, alpha)
+                  mixing=alpha, eager=eager, process_group=group)
+    ref = OverlapReference(rank, world, d.fragments(), h, tau, alpha, eager)
     steps = 3 * h + tau + 1
     for t in range(1, steps + 1):
         inner_step(model, opt, rank, t, "cpu")
@@ -149,9 +161,11 @@ def overlapped_trains_like_the_reference(rank, world):
         assert torch.equal(got.view(torch.int32), want.view(torch.int32)), \
             f"step {t}: differs from the reference by {(got - want).abs().max().item()}"
         if t == h + 1:  # fragment 0 synced after step 6, merges after step 8
-            state = d.state_dict()
+            state = d.local_state_dict()
             assert state["pending"].tolist() == [0, h + tau, 1], state["pending"]
-            d.load_state_dict(state)
+            assert torch.equal(state["pending_eager.0"], ref.pending[0][2] if eager else torch.empty(0)), \
+                "the state's eager anchor is not this rank's own outer step"
+            d.load_local_state_dict(state)
     stats = d.stats()
     # Counted when their allreduce is joined: the round started after the last step is still in flight.
     assert stats["rounds"] == sum(ref.rounds) and len(ref.pending) == 1, (stats, ref.rounds)
@@ -215,10 +229,10 @@ def nan_round_resets_every_rank(rank, world):
     if rank == world - 1:
         with torch.no_grad():
             next(model.parameters())[0, 0] = float("nan")
-    before = d.state_dict()
+    before = d.local_state_dict()
     inner_step(model, opt, rank, 2, "cpu")
     assert torch.equal(flat(model), start), "parameters not reset to the round's start"
-    after = d.state_dict()
+    after = d.local_state_dict()
     assert d.stats()["nonfinite_rounds"] == 1 and after["rounds"].tolist() == [0], d.stats()
     for key in ("anchor.0", "momentum.0"):
         assert torch.equal(before[key], after[key]), key
@@ -248,7 +262,7 @@ def resumes_bit_for_bit(rank, world, path):
     run_steps(model, opt, rank, range(1, 6))
     buf = io.BytesIO()
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "diloco": d.state_dict()}, buf)
-    torch.save(d.state_dict(), f"{path}.{rank}")
+    torch.save(d.local_state_dict(), f"{path}.{rank}")  # the format states had before they were keyed by rank
     buf.seek(0)
     saved = torch.load(buf, weights_only=True)
 
@@ -278,7 +292,8 @@ def refuses_what_it_cannot_do(rank, world, path):
         "codec": lambda: gt.diloco(make_model(), None, gradcomp.NoCompression()),
         "inner_steps": lambda: gt.diloco(make_model(), None, inner_steps=0),
         "momentum": lambda: gt.diloco(make_model(), None, outer_momentum=1.5),
-        "eager": lambda: gt.diloco(make_model(), None, overlap_steps=1, eager=True),
+        "eager": lambda: gt.diloco(make_model(), None, overlap_steps=0, eager=True),
+        "eager_mixing": lambda: gt.diloco(make_model(), None, inner_steps=4, overlap_steps=1, mixing=0.5, eager=True),
         "overlap": lambda: gt.diloco(make_model(), None, inner_steps=4, fragments=2, overlap_steps=2),
     }.items():
         try:
@@ -290,10 +305,11 @@ def refuses_what_it_cannot_do(rank, world, path):
     assert "gradcomp.Q4, gradcomp.Q2 or gradcomp.TopK" in problems.get("codec", ""), problems
     assert "inner_steps" in problems.get("inner_steps", ""), problems
     assert "outer_momentum must be in [0, 1)" in problems.get("momentum", ""), problems
-    assert "eager updates (eager=True) are not implemented" in problems.get("eager", ""), problems
+    assert "eager updates (eager=True) need overlap_steps (tau) > 0" in problems.get("eager", ""), problems
+    assert "eager updates take mixing (alpha) = 0, got 0.5" in problems.get("eager_mixing", ""), problems
     assert "overlap_steps (tau) = 2 must be below" in problems.get("overlap", ""), problems
     # Damaged or foreign states are refused whole, naming what is wrong; the DiLoCo keeps working.
-    good = d.state_dict()
+    good = d.local_state_dict()
     bad = {
         "inner_step is -3, not a count": {**good, "inner_step": torch.tensor([-3])},
         "no 'anchor.1'": {k: v for k, v in good.items() if k != "anchor.1"},
@@ -302,13 +318,62 @@ def refuses_what_it_cannot_do(rank, world, path):
         "its format is 9": {**good, "format": torch.tensor([9])},
         "anchor.0 is not a 1-D Float tensor": {**good, "anchor.0": good["anchor.0"].double()},
     }
-    for what, state in bad.items():
+    bad_keyed = {"no entry for this rank (rank7); it holds ['rank99']": {"rank99": good}}
+    for what, state in [*bad.items(), *bad_keyed.items()]:
         try:
             d.load_state_dict(state)
-        except RuntimeError as e:
-            assert what in str(e), (what, str(e))
+        except (RuntimeError, ValueError) as e:
+            assert what.replace("rank7", f"rank{rank}") in str(e), (what, str(e))
         else:
             raise AssertionError(f"loaded a state where {what}")
     run_steps(model, opt, rank, range(1, 4))
     assert d.stats()["rounds"] == 2, d.stats()  # both fragments synced once after three steps
+    return True
+
+
+def resumes_through_distributed_checkpoint(rank, world, path):
+    """torch.distributed.checkpoint saves the model, AdamW and DiLoCo (as a Stateful: every rank's residuals,
+    anchors' round and round in flight under a key of its own) mid-overlap with eager updates, where the
+    ranks' states differ (their residuals and eager steps); a fresh job loads them and goes on bit for bit."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    options = dict(inner_steps=4, fragments=2, overlap_steps=1, eager=True)
+
+    def job(steps, load=False, save=False):
+        model = make_model(rank)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        # Mid-round the model and AdamW are each rank's own too (no shards, no average yet): they go under a
+        # key of each rank's own as well. get_state_dict gives AdamW's state its shapes for DCP to load into by
+        # stepping it with lr 0: before DiLoCo hooks the optimizer, which would count that step.
+        msd, osd = get_state_dict(model, opt)
+        d = gt.diloco(model, opt, gradcomp.Q4(seed=SEED), **options)
+        state = {f"rank{rank}": {"model": msd, "optim": osd}, "diloco": d}
+        if load:
+            dcp.load(state, checkpoint_id=path)
+            mine = state[f"rank{rank}"]
+            set_state_dict(model, opt, model_state_dict=mine["model"], optim_state_dict=mine["optim"])
+        run_steps(model, opt, rank, steps)
+        if save:
+            local = d.local_state_dict()
+            msd, osd = get_state_dict(model, opt)
+            dcp.save({f"rank{rank}": {"model": msd, "optim": osd}, "diloco": d}, checkpoint_id=path)
+            return flat(model), local
+        d.flush()
+        return flat(model), d.local_state_dict()
+
+    straight, _ = job(range(1, 12))
+    _, saved = job(range(1, 7), save=True)  # fragment 1 synced after step 6, merges after step 7
+    assert saved["pending"].tolist() == [1, 7, 1], saved["pending"]
+    everyone = [None] * world
+    dist.all_gather_object(everyone, {k: v for k, v in saved.items() if k.startswith(("residual.", "pending_eager"))})
+    for key, value in everyone[0].items():
+        assert all(key in o for o in everyone), key
+    assert any(not torch.equal(everyone[0][k], everyone[1][k]) for k in everyone[0] if k.startswith("residual.")), \
+        "the ranks' residuals should differ"
+    assert not torch.equal(everyone[0]["pending_eager.0"], everyone[1]["pending_eager.0"])
+    resumed, state = job(range(7, 12), load=True)
+    assert torch.equal(resumed.view(torch.int32), straight.view(torch.int32)), \
+        f"resumed run differs by {(resumed - straight).abs().max().item()}"
+    assert state["inner_step"].item() == 11, state["inner_step"]
     return True

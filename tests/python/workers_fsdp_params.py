@@ -13,7 +13,7 @@ import gradcomp
 import gradcomp.torch as gt
 from gradcomp._torch_compat import fsdp_in_backward, fsdp_param_group
 from reference import int8_all_gather
-from workers_fsdp import batch, loss_of, make_model, rows
+from workers_fsdp import batch, full, hsdp_mesh, loss_of, make_model, rows, shard
 
 BLOCK = 32
 
@@ -73,9 +73,10 @@ def flats(buffer, nrows, per_row):
     return out
 
 
-def check_against_reference(module, recorder, world, param_dtype):
-    """Every shard-group all-gather of the module: its output is the reference of every rank's exact input
-    row, and those rows are the module's exact sharded parameters (in the parameter dtype)."""
+def check_against_reference(module, recorder, world, param_dtype, group=None):
+    """Every shard-group all-gather of the module (over ``group`` of ``world`` ranks, the default group when
+    None): its output is the reference of every rank's exact input row, and those rows are the module's
+    exact sharded parameters (in the parameter dtype)."""
     params = list(module.parameters(recurse=False)) or [p for p in module.parameters()]
     full = [p.full_tensor().detach() for p in params]
     dtypes = [param_dtype or f.dtype for f in full]
@@ -85,7 +86,7 @@ def check_against_reference(module, recorder, world, param_dtype):
     assert shard_calls, "no all-gather over the shard group"
     for _, _, inp, out in shard_calls:
         gathered = torch.empty(world * inp.numel(), dtype=inp.dtype)
-        dist.all_gather_into_tensor(gathered, inp)
+        dist.all_gather_into_tensor(gathered, inp, group=group)
         per_rank = list(gathered.view(world, -1))
         if not mixed:
             exact = rows([f.to(dtypes[0]) for f in full], world)
@@ -209,12 +210,137 @@ def cpp_api_matches_the_reference(rank, world):
     return "cpp"
 
 
+def weight_metrics_move_with_the_wire(rank, world):
+    """The all-gathers' Prometheus series (gradcomp_weight_*) are stats()["all_gather"] and move by the
+    bytes this rank's sockets sent in a forward that runs all-gathers alone; the gradient series
+    (gradcomp_*, stats()["total"]) do not move then, and count the reduce-scatter alone."""
+    from prometheus_client.parser import text_string_to_metric_families
+    from workers_wire import settled_tcp_bytes_sent
+
+    model, _ = build(world, "fp32")
+    hook = gt.fsdp(model, gradcomp.Q4(seed=3), params=gradcomp.Int8(block_size=BLOCK))
+
+    def values():
+        return {s.name: s.value for f in text_string_to_metric_families(hook.metrics_text()) for s in f.samples
+                if not s.name.startswith("gradcomp_bucket_seconds")}
+
+    start = values()
+    assert start["gradcomp_weight_sent_bytes_total"] == 0 and start["gradcomp_weight_compression_ratio"] == 0, start
+    loss_of(model, *batch(rank, 0)).backward()  # the first step also agrees on each module's layout
+    wire_before, before = settled_tcp_bytes_sent(), values()
+    with torch.no_grad():
+        loss_of(model, *batch(rank, 1))  # forward only: all-gathers, no reduce-scatter
+    wire, after = settled_tcp_bytes_sent() - wire_before, values()
+    moved = after["gradcomp_weight_sent_bytes_total"] - before["gradcomp_weight_sent_bytes_total"]
+    assert moved > 0 and moved <= wire <= moved * 1.04 + 1024, (moved, wire)
+    assert after["gradcomp_weight_all_gathers_total"] > before["gradcomp_weight_all_gathers_total"], after
+    assert after["gradcomp_sent_bytes_total"] == before["gradcomp_sent_bytes_total"], (before, after)
+    assert after["gradcomp_buckets_total"] == before["gradcomp_buckets_total"], (before, after)
+    loss_of(model, *batch(rank, 2)).backward()
+    stats, end = hook.stats(), values()
+    weights, gradients = stats["all_gather"]["total"], stats["total"]
+    assert gradients["bytes_sent"] == stats["reduce_scatter"]["total"]["bytes_sent"] > 0, stats
+    assert end["gradcomp_sent_bytes_total"] == gradients["bytes_sent"], (end, gradients)
+    assert end["gradcomp_uncompressed_bytes_total"] == gradients["uncompressed_bytes"], (end, gradients)
+    assert end["gradcomp_weight_sent_bytes_total"] == weights["bytes_sent"], (end, weights)
+    assert end["gradcomp_weight_uncompressed_bytes_total"] == weights["uncompressed_bytes"], (end, weights)
+    assert end["gradcomp_weight_all_gathers_total"] == weights["buckets"], (end, weights)
+    assert abs(end["gradcomp_weight_compression_ratio"] - weights["ratio"]) < 1e-9 * weights["ratio"], end
+    # The text writes the shortest digits that read back as the same double: equal, not near.
+    assert end["gradcomp_weight_codec_seconds_total"] == weights["codec_seconds"], (end, weights)
+    assert 3.0 < weights["ratio"] < 4.0, weights  # fp32 weights: 32 bits against 8 plus a scale per block
+    return "metrics"
+
+
+def hsdp_int8_all_gathers_are_the_reference(rank, world):
+    """HSDP: fully_shard over a 2 x 2 DeviceMesh (replicas x shards) with int8 weights and the q4
+    reduce-scatter. Every all-gather, forward and backward, runs over the shard group of 2 and is the
+    reference of that group's exact shards; the replicas of a shard decode the same bytes; and the
+    reduce-scatter's group size the hook knows is the shard group's, not the mesh's 4 (a checkpoint of it
+    loads into a fresh hook)."""
+    assert world == 4
+    mesh = hsdp_mesh()
+    shard_group, replica_group = mesh["shard"].get_group(), mesh["replicate"].get_group()
+
+    def job():
+        model = shard(make_model(), mesh=mesh)
+        hook = gt.fsdp(model, gradcomp.Q4(seed=3), params=gradcomp.Int8(block_size=BLOCK))
+        return model, hook
+
+    model, hook = job()
+    recorders = install_recorders(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(2):
+        opt.zero_grad()
+        loss_of(model, *batch(rank, step)).backward()
+        for m, rec in recorders.items():
+            calls = check_against_reference(m, rec, 2, None, group=shard_group)
+            assert len(calls) == len(rec.calls), [c[0] for c in rec.calls]  # no all-gather over all 4
+            assert any(c[1] for c in calls) or m is model, "no backward all-gather"
+            for _, _, _, out in calls:  # the other replica of this shard decoded the same bytes
+                other = torch.empty(2 * out.numel(), dtype=out.dtype)
+                dist.all_gather_into_tensor(other, out, group=replica_group)
+                assert torch.equal(other.view(2, -1)[0], other.view(2, -1)[1]), "replicas decoded differently"
+            rec.calls.clear()
+        opt.step()
+    with torch.no_grad():
+        mine = full(model).detach().clone()
+    replicas = torch.empty(2 * mine.numel())
+    dist.all_gather_into_tensor(replicas, mine, group=replica_group)
+    assert torch.equal(replicas.view(2, -1)[0], replicas.view(2, -1)[1]), "the replicas' parameters diverged"
+    state = hook.local_state_dict()
+    assert state["reduce_scatter"]["world_size"] == 2, state["reduce_scatter"]["world_size"]
+    assert state["reduce_scatter"]["residuals"], "no residuals to check the group size against"
+    _, fresh = job()
+    fresh.load_local_state_dict(state)  # refused when the hook takes the mesh's 4 ranks for the group
+    return "hsdp"
+
+
+def resumes_with_int8_weights_through_distributed_checkpoint(rank, world, path):
+    """torch.distributed.checkpoint with int8 weight all-gathers: the saved model and optimizer are the
+    exact sharded parameters (never the quantized weights), a load restores them bit for bit, and a job
+    resumed from the checkpoint goes on bit for bit as the uninterrupted one."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def job(steps, load=False, save=False):
+        model = shard(make_model())
+        hook = gt.fsdp(model, gradcomp.Q4(seed=3), params=gradcomp.Int8(block_size=BLOCK))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        if load:
+            msd, osd = get_state_dict(model, opt)
+            state = {"model": msd, "optim": osd, "gradcomp": hook}
+            dcp.load(state, checkpoint_id=path)
+            set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        for step in steps:
+            opt.zero_grad()
+            loss_of(model, *batch(rank, step)).backward()
+            opt.step()
+        if save:
+            msd, osd = get_state_dict(model, opt)
+            dcp.save({"model": msd, "optim": osd, "gradcomp": hook}, checkpoint_id=path)
+        return model, hook
+
+    straight, straight_hook = job(range(4))
+    saved, _ = job(range(2), save=True)
+    loaded, _ = job([], load=True)
+    a, b = full(saved), full(loaded)
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32)), "the checkpoint's round trip changed the weights"
+    resumed, hook = job(range(2, 4), load=True)
+    a, b = full(straight), full(resumed)
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32)), f"resume differs by {(a - b).abs().max()}"
+    assert hook.local_state_dict()["reduce_scatter"]["step"] == 4
+    assert hook.stats()["all_gather"]["total"]["bytes_sent"] > 0, "the int8 all-gather did not run"
+    return True
+
+
 def int8_all_gather_cases(rank, world, cases):
     """One launch, several cases in turn (each on a fresh model); "nan" must come last."""
     out = []
     for case in cases:
         run = {"nan": nan_is_refused, "two_dtypes": two_dtypes_are_fsdps_refusal,
-               "cpp_api": cpp_api_matches_the_reference}.get(case)
+               "cpp_api": cpp_api_matches_the_reference, "metrics": weight_metrics_move_with_the_wire,
+               "hsdp": hsdp_int8_all_gathers_are_the_reference}.get(case)
         out.append(run(rank, world) if run else run_case(rank, world, case))
         dist.barrier()
     return out

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -39,11 +40,7 @@ struct AllGatherRequest {
   std::string name;  // what errors call the bucket (FSDP: the module's name)
 };
 
-// Wire format of one row (docs/format.md, "int8 all-gather payload").
-constexpr uint32_t kInt8PayloadMagic = 0x38574347u;  // "GCW8" read as a little-endian u32
-constexpr uint16_t kInt8PayloadVersion = 1;
-constexpr uint64_t kInt8HeaderBytes = 32;
-constexpr uint8_t kInt8FlagNonfinite = 1;  // the shard held NaN or infinity: sections are zero
+// The wire format of one row (kInt8PayloadMagic and the rest) is in int8_params.h.
 
 // Bytes of a row's payload: header, one bf16 scale per block of every run, one code per element,
 // each section padded to 16 bytes.
@@ -64,6 +61,8 @@ bool int8_check_row(const uint8_t* payload, const AllGatherRun* runs, int num_ru
                     int from_rank);
 void int8_decode_row(const uint8_t* payload, const AllGatherRun* runs, int num_runs, int block_size,
                      void* output);
+// What a payload with this Int8Verdict is, for messages ("fails its body checksum ...").
+const char* int8_verdict_text(int32_t verdict);
 
 // All-gathers shards as int8 payloads through the communicator's all_gather. No state across
 // calls besides buffers per bucket; deterministic (round to nearest), so the same shards give the
@@ -77,8 +76,9 @@ void int8_decode_row(const uint8_t* payload, const AllGatherRun* runs, int num_r
 // 32 bytes each) and raise naming the ranks that differ, rather than all-gathering payloads of
 // different sizes (which a transport may hang on).
 //
-// Backends: the CPU backend (host memory). A CUDA backend is refused by name: the int8 kernels are
-// not written yet, and an untested device path is not offered.
+// Backends: the CPU backend (host memory), and the CUDA backend with the v2 kernels
+// (GRADCOMP_KERNELS=v2; under v1 construction is refused naming it). On CUDA nothing waits for
+// the device but one small read of the verdict words at the end of the call (docs/fsdp2-notes.md).
 class CompressedAllGather {
  public:
   CompressedAllGather(Communicator& comm, Backend& backend, const Int8Options& options);
@@ -94,11 +94,17 @@ class CompressedAllGather {
   double codec_seconds() const { return codec_seconds_; }
 
  private:
-  Communicator& comm_;
-  Int8Options options_;
+  struct Buffers;
   void check_layout(const AllGatherRequest& request);
+  void reserve(uint64_t slot, int world);
+  // Throws the Error (or PayloadError) the verdict words read back from the backend call for.
+  void raise_verdicts(const AllGatherRequest& request, const std::vector<uint8_t>& status) const;
 
-  std::vector<uint8_t> send_, recv_;  // reused across calls: the largest row so far
+  Communicator& comm_;
+  Backend& backend_;
+  Int8Options options_;
+  std::unique_ptr<Buffers> buffers_;  // the backend's memory, reused: the largest row so far
+  std::vector<Int8Run> runs_;         // the current request's runs as dtype codes
   std::set<uint64_t> checked_;        // buckets whose layout the ranks agreed on
   double codec_seconds_ = 0.0;
 };

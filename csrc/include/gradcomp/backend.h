@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "gradcomp/types.h"
+#include "int8_params.h"
 
 namespace gradcomp {
 
@@ -17,6 +18,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual bool is_cuda() const = 0;
+  // Throws Error, naming the way in, when this backend has no kernels for `codec` as configured
+  // (CUDA: q2 runs only on the v2 kernels); collectives call it before their first bucket.
+  virtual void check_codec(uint8_t /*codec*/) const {}
   virtual void* allocate(size_t bytes) = 0;
   // Never throws (buffers release in destructors); the CUDA backend reports a failure at its
   // next status call.
@@ -61,6 +65,15 @@ class Backend {
   // call queues a copy of the status words and later calls pick it up once the stream has
   // passed it; buckets queued after that copy are reported by a later poll.
   virtual bool poll_nonfinite_buckets(uint64_t* count) = 0;
+  // The int8 weight all-gather's codec (kernels/int8_params.h). Encode reports a non-finite row
+  // in Int8EncodeParams::nonfinite_at; decode leaves a verdict per payload in
+  // Int8DecodeParams::verdicts and writes no row unless every payload is well-formed and finite.
+  // Neither throws for what the data holds, and on CUDA neither waits: the caller reads the
+  // words back once, when it needs them.
+  virtual void int8_encode(const Int8EncodeParams& p) = 0;
+  virtual void int8_decode(const Int8DecodeParams& p) = 0;
+  // Why this backend cannot run the int8 codec (the CUDA backend under the v1 kernels), or null.
+  virtual const char* int8_unsupported() const = 0;
 };
 
 // The CPU backend: the reference codecs (gradcomp/cpu.h) behind the Backend interface.

@@ -46,8 +46,9 @@ struct TopK {
 };
 
 // 2-bit block quantization with error feedback (docs/algorithms.md), meant for DiLoCo's outer
-// gradients: about 2.25 bits per element at block size 64. CPU backend only (no CUDA kernels
-// yet); its accuracy in per-step training is not measured.
+// gradients: about 2.25 bits per element at block size 64. On CUDA only the v2 kernels run it
+// (kernels = kV2, or GRADCOMP_KERNELS=v2; v1 refuses it by name); its accuracy in per-step
+// training is not measured.
 struct Q2 {
   int block_size = 64;
   Rounding rounding = Rounding::kStochastic;
@@ -55,6 +56,7 @@ struct Q2 {
   DType residual_dtype = DType::kFloat32;
   uint64_t seed = 0;
   int64_t piece_numel = CompressionConfig::kDefaultPieceNumel;  // as Q4's
+  KernelGeneration kernels = KernelGeneration::kDefault;        // CUDA only (types.h)
 };
 
 // A plain averaging allreduce through the same path, for A/B runs.

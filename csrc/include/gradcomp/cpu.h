@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "gradcomp/types.h"
+#include "int8_params.h"
 
 namespace gradcomp {
 namespace cpu {
@@ -58,6 +59,19 @@ void scan_nonfinite(const NonfiniteScanParams& params);
 // Checks payloads of differing element counts (header and body checksum) before any is decoded;
 // throws Error naming the first bad one's rank.
 void check_payloads(const PayloadCheckParams& params);
+
+// The int8 row codec (Backend::int8_encode, Backend::int8_decode); throws Error on bad params.
+void int8_encode(const Int8EncodeParams& params);
+void int8_decode(const Int8DecodeParams& params);
+// Its row functions, on runs the caller checked (int8_runs_problem). Encode writes
+// int8_row_payload_bytes and returns Int8EncodeParams::nonfinite_at's value; the verdict reads
+// the header and body checksum; decode writes one row and trusts the payload's verdict.
+uint64_t int8_encode_row(const void* input, const Int8Run* runs, int num_runs, uint32_t block,
+                         uint8_t* payload);
+Int8Verdict int8_row_verdict(const uint8_t* payload, const Int8Run* runs, int num_runs,
+                             uint32_t block);
+void int8_decode_row(const uint8_t* payload, const Int8Run* runs, int num_runs, uint32_t block,
+                     void* output);
 
 }  // namespace cpu
 }  // namespace gradcomp

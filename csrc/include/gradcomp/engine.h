@@ -102,6 +102,12 @@ MetricLabels metric_labels(int rank, std::string codec, std::string front_end);
 // one `_total` counter per count, `_seconds` and `_bytes` units, the latency histogram as
 // gradcomp_bucket_seconds. docs/operations.md lists them.
 std::string prometheus_text(const ReductionStats& total, const MetricLabels& labels);
+// The same text followed by the parameter all-gathers' series of their own (FSDP's int8 weights),
+// gradcomp_weight_*: the gradient series above never count them, so that a gradient compression
+// ratio or byte rate means the same with and without quantized weights. `weights.steps` is not
+// exported (steps are the gradients' gradcomp_steps_total).
+std::string prometheus_text(const ReductionStats& gradients, const ReductionStats& weights,
+                            const MetricLabels& labels);
 // Writes `text` to `path` through a temporary file of a unique name in the same directory (created
 // with O_EXCL | O_NOFOLLOW), fsynced, renamed over `path`, and the directory fsynced: a reader
 // (node_exporter's textfile collector) never sees half of it, concurrent writers do not share a

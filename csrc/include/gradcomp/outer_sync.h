@@ -37,7 +37,11 @@ struct OuterSyncOptions {
   // local being the parameters then (overlap_steps inner steps past the sync point), global the
   // new anchor. 0: the parameters are the anchor (as without overlap).
   float mixing = 0.0f;
-  // Eager updates (Kale et al. 2025): not implemented; true is refused by name.
+  // Eager updates (Kale et al. 2025; needs overlap_steps > 0 and mixing 0): at the sync point
+  // each rank moves the fragment at once to its eager anchor, the outer step taken with its own
+  // outer gradient (on a copy of the momentum buffer), and its inner steps go on from there; at the
+  // merge the global anchor replaces the eager one: param += global - eager, keeping the tau
+  // steps' local progress. The anchor and buffer every rank shares take only the global step.
   bool eager = false;
   void validate() const;
 };
@@ -70,6 +74,8 @@ struct OuterPendingRound {
   uint64_t merge_step = 0;  // the inner step after which it merges
   bool finite = true;
   std::vector<float> mean;  // the allreduce's mean outer gradient
+  // eager: this rank's eager anchor of the fragment (its own outer step); empty otherwise.
+  std::vector<float> eager;
 };
 
 // Everything an exact resume needs, per rank. Anchors and momenta are the same on every rank.
@@ -99,10 +105,13 @@ struct OuterSyncState {
 // inner optimizer state is the program's to restore).
 //
 // With overlap_steps = tau > 0 the sync point computes g and starts the allreduce on a thread
-// of this object, and the merge tau inner steps later (in step()) waits for it, takes the outer
-// step on the anchor and sets param = alpha * param + (1 - alpha) * anchor. A non-finite mean
-// found at the merge resets the fragment to its anchor on every rank, as above. A failed round
-// (a transport error, a peer gone, a bad payload) raises at the merge, on every rank, naming the
+// of this object, which also takes the outer step (into copies of the anchor and buffer, so that
+// state() can still save the round's start); the merge tau inner steps later (in step()) waits
+// for it, swaps the stepped anchor in and sets param = alpha * param + (1 - alpha) * anchor. A
+// non-finite mean found at the merge resets the fragment to its anchor on every rank, as above.
+// With eager the sync point also sets param = eager (this rank's outer step on its own g) and the
+// merge sets param += anchor - eager instead of the mix (docs/algorithms.md). A failed round (a
+// transport error, a peer gone, a bad payload) raises at the merge, on every rank, naming the
 // fragment and round; the object is then spent until a state is loaded. Nothing else
 // may use the communicators while a round is in flight: the agreement runs before it starts.
 //
@@ -159,12 +168,17 @@ class OuterSync {
   // The outer gradient of a fragment into its gradient buffer, and the allreduce of it.
   void prepare(Fragment& f);
   bool reduce(uint32_t index);
-  // The outer step with the mean in the gradient buffer (or the reset), and the merge.
-  void apply(uint32_t index, bool finite, float mixing);
+  // The outer step (math::outer_sgd's vectorized loops) of a fragment from `mean`, in place.
+  void outer_step(const Fragment& f, const float* mean, float* anchor, float* momentum) const;
+  // The outer step with the mean in the gradient buffer, or the one the round's thread took
+  // (stepped), or the reset; and the merge.
+  void apply(uint32_t index, bool finite, bool stepped);
   void count_round(const Fragment& f, uint64_t sent_before, bool finite);
   // Overlap (outer_sync_overlap.cpp): start a round on the thread, wait for it, merge it.
   struct InFlight;
   void start_round(uint32_t index);
+  // eager: this rank's outer step on its own g (in the gradient buffer), into the parameters.
+  void take_eager_step(Fragment& f);
   void finish_round();
   void merge_round();
 

@@ -1,0 +1,160 @@
+// The int8 row codec on the host (the reference the CUDA kernels equal byte for byte): encode,
+// the payload verdict, decode, and the CPU backend's int8 operations over them.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "gradcomp/cpu.h"
+#include "gradcomp/format.h"
+#include "math/int8_math.h"
+
+namespace gradcomp {
+namespace {
+
+// The body checksum of the wire format v2 (docs/format.md, format::body_checksum_term), over the
+// bytes after this payload's shorter header.
+uint64_t body_sum(const uint8_t* payload, uint64_t total) {
+  uint64_t sum = 0;
+  const uint64_t words = (total - kInt8HeaderBytes) / 4;
+  for (uint64_t i = 0; i < words; ++i) {
+    uint32_t w;
+    std::memcpy(&w, payload + kInt8HeaderBytes + 4 * i, 4);
+    sum += format::body_checksum_term(w, i);
+  }
+  return sum;
+}
+
+void write_header(uint8_t* p, uint8_t flags, uint32_t block, int num_runs, uint64_t numel,
+                  uint64_t total) {
+  const uint32_t magic = kInt8PayloadMagic, runs = static_cast<uint32_t>(num_runs);
+  const uint16_t version = kInt8PayloadVersion;
+  std::memset(p, 0, kInt8HeaderBytes);
+  std::memcpy(p, &magic, 4);
+  std::memcpy(p + 4, &version, 2);
+  p[6] = flags;
+  std::memcpy(p + 8, &block, 4);
+  std::memcpy(p + 12, &runs, 4);
+  std::memcpy(p + 16, &numel, 8);
+  const uint64_t sum = body_sum(p, total);
+  std::memcpy(p + 24, &sum, 8);
+}
+
+}  // namespace
+
+namespace cpu {
+
+uint64_t int8_encode_row(const void* input, const Int8Run* runs, int num_runs, uint32_t block_size,
+                         uint8_t* payload) {
+  const uint64_t total = int8_row_payload_bytes(runs, num_runs, block_size);
+  const uint64_t blocks = int8_row_blocks(runs, num_runs, block_size);
+  const int64_t block = block_size;
+  uint8_t* scales = payload + kInt8HeaderBytes;
+  int8_t* codes = reinterpret_cast<int8_t*>(scales + int8_align16(2 * blocks));
+  std::memset(payload, 0, total);
+  const auto* at = static_cast<const uint8_t*>(input);
+  uint64_t block_index = 0, out = 0, row_offset = 0, nonfinite_at = 0;
+  for (int r = 0; r < num_runs; ++r) {
+    const uint8_t dt = runs[r].dtype;
+    for (int64_t start = 0; start < runs[r].numel; start += block) {
+      const int64_t end = std::min<int64_t>(start + block, runs[r].numel);
+      float absmax = 0.0f;
+      bool block_finite = true;
+      for (int64_t i = start; i < end; ++i) {
+        const float a = std::fabs(math::load_as_float(at, i, dt));
+        if (!std::isfinite(a) && block_finite && nonfinite_at == 0)
+          nonfinite_at = 1 + row_offset + static_cast<uint64_t>(i);
+        block_finite = block_finite && std::isfinite(a);
+        absmax = a > absmax ? a : absmax;
+      }
+      if (!block_finite) continue;  // the payload is flagged below; its codes are never sent
+      const uint16_t sbits = math::int8_scale_bits(absmax);
+      std::memcpy(scales + 2 * block_index++, &sbits, 2);
+      const float scale = math::bf16_to_float(sbits);
+      for (int64_t i = start; i < end; ++i)
+        codes[out++] =
+            static_cast<int8_t>(math::int8_quantize(math::load_as_float(at, i, dt), scale));
+    }
+    at += runs[r].numel * math::dtype_bytes(dt);
+    row_offset += static_cast<uint64_t>(runs[r].numel);
+  }
+  const uint64_t numel = int8_row_numel(runs, num_runs);
+  if (nonfinite_at != 0) {
+    // A NaN weight never reaches the wire as numbers: the flagged payload carries no body.
+    std::memset(payload, 0, total);
+    write_header(payload, kInt8FlagNonfinite, block_size, num_runs, numel, total);
+    return nonfinite_at;
+  }
+  write_header(payload, 0, block_size, num_runs, numel, total);
+  return 0;
+}
+
+Int8Verdict int8_row_verdict(const uint8_t* p, const Int8Run* runs, int num_runs,
+                             uint32_t block_size) {
+  const uint64_t total = int8_row_payload_bytes(runs, num_runs, block_size);
+  uint32_t magic, block, nruns;
+  uint16_t version;
+  uint64_t numel, sum;
+  std::memcpy(&magic, p, 4);
+  std::memcpy(&version, p + 4, 2);
+  std::memcpy(&block, p + 8, 4);
+  std::memcpy(&nruns, p + 12, 4);
+  std::memcpy(&numel, p + 16, 8);
+  std::memcpy(&sum, p + 24, 8);
+  if (magic != kInt8PayloadMagic) return kInt8BadMagic;
+  if (version != kInt8PayloadVersion) return kInt8BadVersion;
+  if (block != block_size || nruns != static_cast<uint32_t>(num_runs) ||
+      numel != int8_row_numel(runs, num_runs))
+    return kInt8BadLayout;
+  if ((p[6] & ~kInt8FlagNonfinite) != 0) return kInt8BadFlags;
+  if (sum != body_sum(p, total)) return kInt8BadChecksum;
+  return (p[6] & kInt8FlagNonfinite) != 0 ? kInt8Nonfinite : kInt8Ok;
+}
+
+void int8_decode_row(const uint8_t* payload, const Int8Run* runs, int num_runs, uint32_t block_size,
+                     void* output) {
+  const uint64_t blocks = int8_row_blocks(runs, num_runs, block_size);
+  const int64_t block = block_size;
+  const uint8_t* scales = payload + kInt8HeaderBytes;
+  const int8_t* codes = reinterpret_cast<const int8_t*>(scales + int8_align16(2 * blocks));
+  auto* at = static_cast<uint8_t*>(output);
+  uint64_t block_index = 0, in = 0;
+  for (int r = 0; r < num_runs; ++r) {
+    const uint8_t dt = runs[r].dtype;
+    for (int64_t start = 0; start < runs[r].numel; start += block) {
+      const int64_t end = std::min<int64_t>(start + block, runs[r].numel);
+      uint16_t sbits;
+      std::memcpy(&sbits, scales + 2 * block_index++, 2);
+      const float scale = math::bf16_to_float(sbits);
+      for (int64_t i = start; i < end; ++i)
+        math::store_from_float(at, i, dt, math::int8_dequantize(codes[in++], scale));
+    }
+    at += runs[r].numel * math::dtype_bytes(dt);
+  }
+}
+
+void int8_encode(const Int8EncodeParams& p) {
+  const char* problem = params_problem(p);
+  GRADCOMP_CHECK(problem == nullptr, "int8 encode: " << problem);
+  *p.nonfinite_at = int8_encode_row(p.input, p.runs, p.num_runs, p.block_size, p.payload);
+}
+
+void int8_decode(const Int8DecodeParams& p) {
+  const char* problem = params_problem(p);
+  GRADCOMP_CHECK(problem == nullptr, "int8 decode: " << problem);
+  for (int w = 0; w < p.num_payloads; ++w)
+    GRADCOMP_CHECK(p.payloads[w] != nullptr, "int8 decode: payload " << w << " is null");
+  int32_t any = 0;
+  for (int w = 0; w < p.num_payloads; ++w) {
+    p.verdicts[w] = int8_row_verdict(p.payloads[w], p.runs, p.num_runs, p.block_size);
+    any |= p.verdicts[w] != kInt8Ok ? 1 : 0;
+  }
+  p.verdicts[p.num_payloads] = any;
+  if (any != 0) return;  // every payload passes before any row is written
+  const uint64_t row = int8_row_bytes(p.runs, p.num_runs);
+  for (int w = 0; w < p.num_payloads; ++w)
+    int8_decode_row(p.payloads[w], p.runs, p.num_runs, p.block_size,
+                    static_cast<uint8_t*>(p.output) + row * static_cast<uint64_t>(w));
+}
+
+}  // namespace cpu
+}  // namespace gradcomp

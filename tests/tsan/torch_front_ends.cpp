@@ -130,39 +130,56 @@ void grad_sync(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
   EXPECT_THAT(s.total.buckets == steps * sync.buckets().size(), "GradSync bucket count");
 }
 
-// The DDP hook's native object, as DDP's reducer drives it: buckets submitted in index order,
-// reduced on the worker thread, futures waited for by the caller.
+// The DDP hook's native object, as DDP's reducer drives it: GradcompCommHook::runHook with each
+// bucket in index order (reduced on the engine's worker), futures waited for by the caller.
 void ddp_hook(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
-  using gradcomp::torch_ext::DdpHook;
-  DdpHook hook(group, gradcomp::torch_ext::ddp_engine_options(gradcomp::Q4{}));
-  const std::vector<int64_t> sizes{1000, 777, 64};
+  using namespace gradcomp::torch_ext;
+  const std::vector<std::vector<torch::Tensor>> bucket_params{
+      {torch::zeros({20, 50})}, {torch::zeros({777})}, {torch::zeros({8, 4}), torch::zeros({32})}};
+  std::vector<at::Tensor> params;
+  for (const auto& in_bucket : bucket_params)
+    params.insert(params.end(), in_bucket.begin(), in_bucket.end());
+  auto hook = std::make_shared<DdpHook>(group, ddp_engine_options(gradcomp::Q4{}));
+  hook->set_parameters(params);
+  GradcompCommHook comm_hook(hook);
   const int steps = 4;
   Scraper scraper([&] {
     const std::string text = gradcomp::prometheus_text(
-        hook.engine().total_stats(), gradcomp::metric_labels(group->getRank(), "q4", "ddp"));
-    hook.engine().last_step_stats();
+        hook->engine().total_stats(), gradcomp::metric_labels(group->getRank(), "q4", "ddp"));
+    hook->engine().last_step_stats();
     return metric(text, "gradcomp_buckets_total");
   });
   for (int step = 0; step < steps; ++step) {
-    std::vector<torch::Tensor> buckets;
+    std::vector<torch::Tensor> buffers;
     std::vector<c10::intrusive_ptr<c10::ivalue::Future>> futures;
-    for (size_t b = 0; b < sizes.size(); ++b) {
-      buckets.push_back(torch::randn({sizes[b]}));
-      const auto index = static_cast<int64_t>(b);
-      const uint64_t id = gradcomp::torch_ext::ddp_bucket_identity(index, buckets[b], {{sizes[b]}});
-      futures.push_back(hook.submit(buckets[b], index, id, b + 1 == sizes.size()));
+    for (size_t b = 0; b < bucket_params.size(); ++b) {
+      std::vector<size_t> offsets, lengths;
+      std::vector<c10::IntArrayRef> shapes;
+      size_t numel = 0;
+      for (const torch::Tensor& p : bucket_params[b]) {
+        offsets.push_back(numel);
+        lengths.push_back(static_cast<size_t>(p.numel()));
+        shapes.push_back(p.sizes());
+        numel += static_cast<size_t>(p.numel());
+      }
+      buffers.push_back(torch::randn({static_cast<int64_t>(numel)}));
+      c10d::GradBucket bucket(b, bucket_params.size(), buffers[b], offsets, lengths, shapes,
+                              bucket_params[b], std::nullopt);
+      futures.push_back(comm_hook.runHook(bucket));
     }
-    for (const auto& future : futures) {
-      future->wait();
-      EXPECT_THAT(!future->hasError(), future->tryRetrieveErrorMessage());
+    for (size_t b = 0; b < futures.size(); ++b) {
+      futures[b]->wait();
+      EXPECT_THAT(!futures[b]->hasError(), futures[b]->tryRetrieveErrorMessage());
+      EXPECT_THAT(comm_hook.parseHookResult(futures[b]->value()).is_same(buffers[b]),
+                  "the hook's result is not the bucket's buffer");
     }
     // Only now: the group's collectives must not interleave with the worker's.
-    for (const torch::Tensor& bucket : buckets)
-      expect_same_on_every_rank(*group, bucket, "DDP bucket");
+    for (const torch::Tensor& buffer : buffers)
+      expect_same_on_every_rank(*group, buffer, "DDP bucket");
   }
   EXPECT_THAT(scraper.stop() > 0, "the scraper never ran");
-  const ReductionStats s = hook.engine().total_stats();
-  EXPECT_THAT(s.buckets == steps * sizes.size(), "DDP hook bucket count");
+  const ReductionStats s = hook->engine().total_stats();
+  EXPECT_THAT(s.buckets == steps * bucket_params.size(), "DDP hook bucket count");
 }
 
 // DiLoCo with its rounds in the background (overlap_steps = 1) over two fragments: the round's

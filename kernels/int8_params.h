@@ -105,6 +105,27 @@ inline const char* int8_runs_problem(const Int8Run* runs, int num_runs, uint32_t
   return nullptr;
 }
 
+// The CUDA kernels read and write elements as their own type, so they need every element naturally
+// aligned: the base, each run's offset in the row and, for rows side by side, the row's size. The
+// CPU copies bytes and takes any layout; a device refuses this one by name instead of faulting.
+inline const char* int8_alignment_problem(const Int8Run* runs, int num_runs, const void* base,
+                                          bool rows_side_by_side) {
+  uint64_t offset = 0, widest = 1;
+  for (int i = 0; i < num_runs; ++i) {
+    const uint64_t size = math::dtype_bytes(runs[i].dtype);
+    if (offset % size != 0)
+      return "a run starts at a byte offset that is not a multiple of its dtype's size";
+    widest = size > widest ? size : widest;
+    offset += static_cast<uint64_t>(runs[i].numel) * size;
+  }
+  if (reinterpret_cast<uintptr_t>(base) % widest != 0)
+    return "the tensor's address is not aligned to its widest dtype";
+  if (rows_side_by_side && offset % widest != 0)
+    return "a row's size is not a multiple of its widest dtype's size, so the next row is "
+           "unaligned";
+  return nullptr;
+}
+
 inline const char* params_problem(const Int8EncodeParams& p) {
   if (const char* r = int8_runs_problem(p.runs, p.num_runs, p.block_size)) return r;
   if (p.input == nullptr || p.payload == nullptr) return "input or payload is null";

@@ -11,6 +11,29 @@
 namespace gradcomp {
 namespace {
 
+// A row of mixed dtypes need not keep its elements naturally aligned (a bf16 run of odd length
+// before a float32 one, or rows of such a length side by side in FSDP's buffer): the host copies
+// element bytes instead of dereferencing them as floats.
+float load_element(const uint8_t* at, int64_t i, uint8_t dtype) {
+  if (dtype == math::kDtypeF32) {
+    float v;
+    std::memcpy(&v, at + 4 * i, 4);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, at + 2 * i, 2);
+  return dtype == math::kDtypeF16 ? math::half_to_float(h) : math::bf16_to_float(h);
+}
+
+void store_element(uint8_t* at, int64_t i, uint8_t dtype, float v) {
+  if (dtype == math::kDtypeF32) {
+    std::memcpy(at + 4 * i, &v, 4);
+    return;
+  }
+  const uint16_t h = dtype == math::kDtypeF16 ? math::float_to_half(v) : math::float_to_bf16(v);
+  std::memcpy(at + 2 * i, &h, 2);
+}
+
 // The body checksum of the wire format v2 (docs/format.md, format::body_checksum_term), over the
 // bytes after this payload's shorter header.
 uint64_t body_sum(const uint8_t* payload, uint64_t total) {
@@ -60,7 +83,7 @@ uint64_t int8_encode_row(const void* input, const Int8Run* runs, int num_runs, u
       float absmax = 0.0f;
       bool block_finite = true;
       for (int64_t i = start; i < end; ++i) {
-        const float a = std::fabs(math::load_as_float(at, i, dt));
+        const float a = std::fabs(load_element(at, i, dt));
         if (!std::isfinite(a) && block_finite && nonfinite_at == 0)
           nonfinite_at = 1 + row_offset + static_cast<uint64_t>(i);
         block_finite = block_finite && std::isfinite(a);
@@ -71,8 +94,7 @@ uint64_t int8_encode_row(const void* input, const Int8Run* runs, int num_runs, u
       std::memcpy(scales + 2 * block_index++, &sbits, 2);
       const float scale = math::bf16_to_float(sbits);
       for (int64_t i = start; i < end; ++i)
-        codes[out++] =
-            static_cast<int8_t>(math::int8_quantize(math::load_as_float(at, i, dt), scale));
+        codes[out++] = static_cast<int8_t>(math::int8_quantize(load_element(at, i, dt), scale));
     }
     at += runs[r].numel * math::dtype_bytes(dt);
     row_offset += static_cast<uint64_t>(runs[r].numel);
@@ -126,7 +148,7 @@ void int8_decode_row(const uint8_t* payload, const Int8Run* runs, int num_runs, 
       std::memcpy(&sbits, scales + 2 * block_index++, 2);
       const float scale = math::bf16_to_float(sbits);
       for (int64_t i = start; i < end; ++i)
-        math::store_from_float(at, i, dt, math::int8_dequantize(codes[in++], scale));
+        store_element(at, i, dt, math::int8_dequantize(codes[in++], scale));
     }
     at += runs[r].numel * math::dtype_bytes(dt);
   }

@@ -251,6 +251,7 @@ class CudaBackend final : public Backend {
   }
   void int8_encode(const Int8EncodeParams& p) override {
     check_int8(params_problem(p), "int8 encode");
+    check_int8(int8_alignment_problem(p.runs, p.num_runs, p.input, false), "int8 encode");
     GRADCOMP_CHECK(reinterpret_cast<uintptr_t>(p.payload) % 16 == 0,
                    "int8 encode: the payload is not 16-byte aligned");
     // Two zeroed words (the body sum, the non-finite mark) staged with no wait.
@@ -264,6 +265,8 @@ class CudaBackend final : public Backend {
   }
   void int8_decode(const Int8DecodeParams& p) override {
     check_int8(params_problem(p), "int8 decode");
+    check_int8(int8_alignment_problem(p.runs, p.num_runs, p.output, p.num_payloads > 1),
+               "int8 decode");
     for (int w = 0; w < p.num_payloads; ++w)
       GRADCOMP_CHECK(
           p.payloads[w] != nullptr && reinterpret_cast<uintptr_t>(p.payloads[w]) % 16 == 0,

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gradcomp/all_gather.h"
@@ -216,6 +217,27 @@ TEST(Int8Backend, CpuEncodeAndDecodeAreTheRowCodecAndWriteNothingForABadPayload)
 
   d.output_bytes = out.size() - 1;  // one byte short of three rows: refused, nothing written
   EXPECT_THROW(backend->int8_decode(d), Error);
+}
+
+// The rows above sit 86 bytes apart (20 float32 + 3 bfloat16): the CPU took them, byte-copied. The
+// CUDA kernels access elements as their type, so the layout rule they are held to names what is
+// off.
+TEST(Int8Layout, UnalignedElementsAreNamedForTheDeviceAndAlignedOnesPass) {
+  alignas(16) static uint8_t buffer[64];
+  const Int8Run f32_then_bf16[2] = {{math::kDtypeF32, 20}, {math::kDtypeBF16, 3}};
+  const Int8Run bf16_then_f32[2] = {{math::kDtypeBF16, 3}, {math::kDtypeF32, 4}};
+  const Int8Run even[2] = {{math::kDtypeF32, 20}, {math::kDtypeBF16, 4}};
+  EXPECT_EQ(int8_alignment_problem(f32_then_bf16, 2, buffer, false), nullptr);
+  EXPECT_EQ(int8_alignment_problem(even, 2, buffer, true), nullptr);
+  const char* rows = int8_alignment_problem(f32_then_bf16, 2, buffer, true);
+  ASSERT_NE(rows, nullptr);
+  EXPECT_NE(std::string(rows).find("next row is unaligned"), std::string::npos) << rows;
+  const char* run = int8_alignment_problem(bf16_then_f32, 2, buffer, false);
+  ASSERT_NE(run, nullptr);
+  EXPECT_NE(std::string(run).find("byte offset"), std::string::npos) << run;
+  const char* base = int8_alignment_problem(even, 2, buffer + 2, false);
+  ASSERT_NE(base, nullptr);
+  EXPECT_NE(std::string(base).find("address"), std::string::npos) << base;
 }
 
 }  // namespace

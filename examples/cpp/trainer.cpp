@@ -11,7 +11,8 @@
 // pipeline's pieces and the overlap of consecutive buckets (0: each bucket whole, one after
 // another). --worker-cpus auto | inherit | LIST: where the thread compressing the buckets runs.
 // --diloco H: no GradSync; every rank trains alone and every H steps gradcomp::DiLoCo averages
-// the q4 outer gradient (--fragments F: streaming). --optimizer adamw: AdamW instead of SGD.
+// the q4 outer gradient (--fragments F: streaming; --overlap-steps T, --mixing A, --eager:
+// Streaming DiLoCo's overlap). --optimizer adamw: AdamW instead of SGD.
 // The other flags serve the
 // tests and benchmarks: checkpoints, gradient dumps, no_sync accumulation, unused parameters, step
 // timing.
@@ -199,6 +200,9 @@ int run(const Flags& f) {
     gradcomp::DiLoCoOptions o;
     o.outer.inner_steps = static_cast<uint32_t>(f.num("diloco", 100));
     o.outer.fragments = static_cast<uint32_t>(f.num("fragments", 1));
+    o.outer.overlap_steps = static_cast<uint32_t>(f.num("overlap-steps", 0));
+    o.outer.mixing = static_cast<float>(f.real("mixing", 0.0));
+    o.outer.eager = f.has("eager");
     // Mid-round each rank's parameters are its own: a resumed run keeps what it loaded.
     o.broadcast_parameters = resume.empty();
     diloco = std::make_unique<gradcomp::DiLoCo>(params, group, codec_spec(f), o);
@@ -322,6 +326,7 @@ int run(const Flags& f) {
                   static_cast<unsigned long long>(sync->stats().step.nonfinite_buckets));
   }
 
+  if (diloco) diloco->flush();  // the round still in flight, with --overlap-steps
   torch::NoGradGuard no_grad;
   const double accuracy = model->forward(data.test_x.to(device, dtype))
                               .argmax(1)

@@ -190,6 +190,22 @@ def test_cpp_diloco_trains_digits_resumes_bit_for_bit_and_sends_rounds_only(data
     assert all(np.array_equal(params[0][:100], p[:100]) for p in params)
 
 
+def test_cpp_diloco_eager_updates_train_and_resume_bit_for_bit_with_a_round_in_flight(data, tmp_path):
+    """gradcomp::DiLoCo with overlap_steps = 2 and eager updates: it trains, and a run saved after inner step
+    155 (fragment 1 synced then, merging after 157: its mean and this rank's eager step in the checkpoint)
+    and resumed ends on the bits of the unbroken run."""
+    common = ["--data", data, "--codec", "q4", "--optimizer", "adamw", "--lr", 0.003, "--diloco", 10,
+              "--fragments", 2, "--overlap-steps", 2, "--eager", "--steps", 300]
+    run = launch(2, common + ["--params-out", tmp_path / "uninterrupted"])
+    assert all(r["accuracy"] > 0.9 and r["outer_rounds"] == 60 for r in run.ranks), run.ranks
+    launch(2, common + ["--save-at", 155, "--save", tmp_path / "ckpt", "--stop-at-save"])
+    launch(2, common + ["--resume", tmp_path / "ckpt", "--params-out", tmp_path / "resumed"])
+    for rank in range(2):
+        a = np.fromfile(tmp_path / f"uninterrupted.rank{rank}", dtype="<f4")
+        b = np.fromfile(tmp_path / f"resumed.rank{rank}", dtype="<f4")
+        assert a.size > 0 and np.array_equal(a.view(np.int32), b.view(np.int32))
+
+
 def test_cpp_check_optimizer_warns_for_topk_with_adamw(data):
     run = launch(2, ["--data", data, "--codec", "topk", "--optimizer", "adamw", "--lr", 0.003, "--steps", 3])
     assert "TopK with an adaptive optimizer" in run.stderr, run.stderr[-2000:]

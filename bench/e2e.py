@@ -32,9 +32,13 @@ NETNS = "gradcomp-bench"
 PYTHON_METHODS = ("ddp-fp32", "bf16-hook", "fp8-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4",
                   "gradcomp-q4-1piece",
                   "gradcomp-topk", "gradcomp-topk-dgc", "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-bf16-mp",
-                  "fsdp-gradcomp-q4", "fsdp-gradcomp-q4-int8", "diloco-q4-h20", "diloco-q4-h100")
-# DiLoCo's rounds every H steps: timed over whole rounds (at least two), the mean step.
-DILOCO_H = {"diloco-q4-h20": 20, "diloco-q4-h100": 100}
+                  "fsdp-gradcomp-q4", "fsdp-gradcomp-q4-int8", "diloco-q4-h20", "diloco-q4-h100",
+                  "diloco-q4-h20-tau5", "diloco-q4-h20-tau10", "diloco-q4-h20-tau15", "diloco-q2-h100-tau80")
+# DiLoCo's rounds every H steps, (H, tau): timed over whole rounds (at least two), the mean step. With
+# overlap (tau > 0) a round's merge comes tau steps after its sync point: the warm-up grows by tau so that
+# the timed steps hold every timed round's sync point and its merge.
+DILOCO = {"diloco-q4-h20": (20, 0), "diloco-q4-h100": (100, 0), "diloco-q4-h20-tau5": (20, 5),
+          "diloco-q4-h20-tau10": (20, 10), "diloco-q4-h20-tau15": (20, 15), "diloco-q2-h100-tau80": (100, 80)}
 CPP_METHODS = ("cpp-allreduce", "cpp-gradsync-q4")
 TRACED = ("gradcomp-q4", "gradcomp-q4-1piece", "gradcomp-topk", "gradcomp-topk-sequential")
 METHODS = PYTHON_METHODS + CPP_METHODS
@@ -128,6 +132,11 @@ def main():
     ap.add_argument("--cpp-bin", default=CPP_BIN, help="examples/cpp's throughput program")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--per-step-steps", type=int, default=0,
+                    help="timed steps of the per-step methods when fewer than --steps (0: --steps); on the slowest "
+                         "links a DDP fp32 step takes a minute")
+    ap.add_argument("--skip", default="", help="comma list of method@gbps pairs not to run (too slow there)")
+    ap.add_argument("--no-digits", action="store_true", help="step times only, no digits training")
     ap.add_argument("--hidden", type=int, default=4096, help="4096 gives a 25.2M-parameter model")
     ap.add_argument("--digits-epochs", type=int, default=15)
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -145,6 +154,7 @@ def main():
     except ValueError:
         ap.error("--world and --gbps take comma-separated numbers")
     methods = args.methods.split(",")
+    skip = {tuple(pair.split("@")) for pair in args.skip.split(",") if pair}
     for m in methods:
         if m not in METHODS:
             ap.error(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
@@ -162,7 +172,8 @@ def main():
     extra = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--hidden", str(args.hidden),
              "--bucket-cap-mb", str(args.bucket_cap_mb)]
     try:
-        total = len(worlds) * (1 + len(rates) * len(methods)) + len([m for m in methods if m in PYTHON_METHODS])
+        digit_methods = [] if args.no_digits else [m for m in methods if m in PYTHON_METHODS]
+        total = len(worlds) * (1 + len(rates) * len(methods)) + len(digit_methods)
         done = 0
         for world in worlds:
             # The limit: the same model and per-rank batch with no communication, W copies at once
@@ -176,20 +187,26 @@ def main():
                 limited = link.set_rate(gbps * world)
                 for method in methods:
                     done += 1
+                    if (method, f"{gbps:g}") in skip:
+                        print(f"[{done}/{total}] W={world} {gbps:g} Gbit/s {method}: skipped (--skip)", flush=True)
+                        continue
                     print(f"[{done}/{total}] W={world} {gbps:g} Gbit/s {method}", flush=True)
                     trace = []
                     if args.trace and gbps == rates[0] and method in TRACED:
                         trace = ["--trace", os.path.join(args.out, f"trace_{method}_w{world}_{gbps:g}g")]
                     method_extra = extra
-                    if method in DILOCO_H:
-                        h = DILOCO_H[method]
-                        method_extra = extra + ["--steps", str(max(2, -(-args.steps // h)) * h)]
+                    if method in DILOCO:
+                        h, tau = DILOCO[method]
+                        method_extra = extra + ["--steps", str(max(2, -(-args.steps // h)) * h),
+                                                "--warmup", str(args.warmup + tau)]
+                    elif args.per_step_steps and method in PYTHON_METHODS:
+                        method_extra = extra + ["--steps", str(min(args.steps, args.per_step_steps))]
                     r = run_ranks(link, "throughput", method, world, method_extra + trace, args.timeout,
                                   cpp_bin=args.cpp_bin)
                     results["throughput"].append({"world": world, "gbps": gbps, "rate_limited": limited,
                                                   "method": method, **r})
         link.set_rate(rates[0] * 2)
-        for method in [m for m in methods if m in PYTHON_METHODS]:
+        for method in digit_methods:
             done += 1
             print(f"[{done}/{total}] digits, W=2, {rates[0]:g} Gbit/s, {method}", flush=True)
             r = run_ranks(link, "digits", method, 2, ["--epochs", str(args.digits_epochs)], args.timeout)

@@ -18,7 +18,8 @@ METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-
            "gradcomp-q4-hier", "gradcomp-topk-hier", "gradcomp-q4-1piece", "gradcomp-q4-hier-1piece",
            "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-bf16-mp", "fsdp-gradcomp-q4",
            "fsdp-gradcomp-q4-int8", "hsdp-fp32", "hsdp-bf16-mp", "hsdp-gradcomp-q4-int8", "fp8-hook",
-           "diloco-q4-h20", "diloco-q4-h100", "gradcomp-topk-dgc")
+           "diloco-q4-h20", "diloco-q4-h100", "diloco-q4-h20-tau5", "diloco-q4-h20-tau10", "diloco-q4-h20-tau15",
+           "diloco-q2-h100-tau80", "gradcomp-topk-dgc")
 # Top-k with momentum correction trains digits with SGD without momentum at 3x the lr
 # (docs/benchmarks.md's recommended setting for SGD).
 DGC_LR_SCALE = 3.0
@@ -31,8 +32,10 @@ DGC_LR_SCALE = 3.0
 FSDP_METHODS = ("fsdp-fp32", "fsdp-bf16", "fsdp-bf16-mp", "fsdp-gradcomp-q4", "fsdp-gradcomp-q4-int8")
 HSDP_METHODS = ("hsdp-fp32", "hsdp-bf16-mp", "hsdp-gradcomp-q4-int8")
 # DiLoCo (gradcomp.torch.diloco): no DDP; every H steps the q4 outer gradient. Its step time is the
-# mean over whole rounds (the median would hide the round).
-DILOCO_METHODS = {"diloco-q4-h20": 20, "diloco-q4-h100": 100}
+# mean over whole rounds (the median would hide the round). -tau<k>: overlap_steps = k, the round in the
+# background and merged k inner steps after its sync point (mixing 0, not eager). diloco-q2-*: Q2 outer gradients.
+DILOCO_METHODS = {"diloco-q4-h20": (20, 0), "diloco-q4-h100": (100, 0), "diloco-q4-h20-tau5": (20, 5),
+                  "diloco-q4-h20-tau10": (20, 10), "diloco-q4-h20-tau15": (20, 15), "diloco-q2-h100-tau80": (100, 80)}
 # The quantization hook issues Gloo collectives from future callbacks on another thread; with
 # several buckets the ranks' collective order then diverges and Gloo aborts ("Received data size
 # doesn't match"). It runs with one bucket so that it runs at all; PowerSGD, which does the same,
@@ -113,7 +116,9 @@ def prepare_hsdp(model, method, gt, gradcomp, local_world_size):
 def attach_diloco(method, model, opt, gt, gradcomp):
     if method not in DILOCO_METHODS:
         return None
-    return gt.diloco(model, opt, gradcomp.Q4(), inner_steps=DILOCO_METHODS[method])
+    inner_steps, overlap_steps = DILOCO_METHODS[method]
+    codec = gradcomp.Q2() if method.startswith("diloco-q2") else gradcomp.Q4()
+    return gt.diloco(model, opt, codec, inner_steps=inner_steps, overlap_steps=overlap_steps)
 
 
 def tx_bytes(iface: str = "lo") -> int:
@@ -218,6 +223,10 @@ def throughput(args, rank, world):
               "hook_inter_node_bytes": statistics.median(inter) if inter else None,
               "codec_s": statistics.median(codec) if codec else None,
               "weight_codec_s": statistics.median(weight_codec) if weight_codec else None}
+    if args.method in DILOCO_METHODS and hook is not None:
+        # The exposed communication (steps waiting for a round) against the rounds' own time, whole run.
+        st = hook.stats()
+        result["diloco"] = {k: st.get(k) for k in ("rounds", "wait_seconds", "background_seconds")}
     if args.trace:
         # One more step under the profiler: the timeline of forward, backward, every bucket's
         # encode, collectives and decode, and the optimizer (bench/timeline.py reads it).

@@ -96,3 +96,27 @@ def test_q2_on_cuda_with_the_v2_kernels_equals_the_reference():
     """gradcomp.Q2(kernels="v2") on a CUDA model: the v2 q2 kernels (Q2's only CUDA kernels) give the
     reference's outer gradients."""
     assert launch("workers_diloco", "trains_like_the_reference", 2, "q2-v2", "cuda")
+
+
+def test_default_outer_settings_warn_on_short_or_unknown_runs_with_the_numbers():
+    """diloco() with the papers' outer defaults warns, naming the measured losses, unless the outer settings are
+    chosen or planned_steps says the run has >= 100 rounds; planned_steps never reaches the core."""
+    import warnings
+    from gradcomp.diloco import SHORT_RUN_MEASURED, _warn_if_short_run_defaults
+
+    with pytest.warns(UserWarning, match="the run's length is unknown") as caught:
+        _warn_if_short_run_defaults({"inner_steps": 20})
+    assert SHORT_RUN_MEASURED in str(caught[0].message)
+    options = {"inner_steps": 20, "planned_steps": 300}
+    with pytest.warns(UserWarning, match=r"a run of 15 rounds \(300 steps at H = 20\)"):
+        _warn_if_short_run_defaults(options)
+    assert "planned_steps" not in options
+    with pytest.warns(UserWarning, match="a run of 99 rounds"):
+        _warn_if_short_run_defaults({"planned_steps": 9999})  # H = 100 by default
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_if_short_run_defaults({"inner_steps": 20, "planned_steps": 2000})
+        _warn_if_short_run_defaults({"inner_steps": 20, "outer_lr": 0.7})
+        _warn_if_short_run_defaults({"inner_steps": 20, "outer_momentum": 0.9})
+    with pytest.raises(ValueError, match="planned_steps must be an integer >= 1, got 0"):
+        _warn_if_short_run_defaults({"planned_steps": 0})

@@ -229,7 +229,15 @@ void OuterSync::agree(uint32_t fragment) {
     detail::BackendBuffer send(backend_, sizeof(Position));
     detail::BackendBuffer recv(backend_, sizeof(Position) * all.size());
     backend_.copy_from_host(send.get(), &mine, sizeof(Position));
-    comm->all_gather(send.get(), recv.get(), sizeof(Position));
+    try {
+      comm->all_gather(send.get(), recv.get(), sizeof(Position));
+    } catch (const std::exception& e) {
+      // A peer that died or went silent: say whose sync it was, not only which bytes failed.
+      GRADCOMP_CHECK(false, "DiLoCo: the ranks' agreement before fragment "
+                                << fragment << "'s round " << mine.round << " (inner step "
+                                << mine.inner_step << ") failed on rank " << comm->rank() << " of "
+                                << name << ": " << e.what());
+    }
     backend_.copy_to_host(all.data(), recv.get(), sizeof(Position) * all.size());
     for (int w = 0; w < world && error.empty(); ++w) {
       const Position& o = all[static_cast<size_t>(w)];
@@ -279,7 +287,16 @@ void OuterSync::sync_fragment(uint32_t index) {
   for (const Communicator* c : comms_) sent_before += c->bytes_sent();
   agree(index);
   prepare(fragments_[index]);
-  const bool finite = reduce(index);
+  bool finite = false;
+  try {
+    finite = reduce(index);
+  } catch (const PayloadError&) {
+    throw;  // already names the sender; counted as a rejected payload
+  } catch (const std::exception& e) {
+    GRADCOMP_CHECK(false, "DiLoCo: the round of fragment "
+                              << index << " (round " << fragments_[index].round << ", inner step "
+                              << inner_step_ << ") failed: " << e.what());
+  }
   count_round(fragments_[index], sent_before, finite);
   apply(index, finite, false);
   const double seconds =

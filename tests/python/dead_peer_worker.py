@@ -14,7 +14,10 @@ import workers_faults
 def main(rank, world, store, victim, phase, pause_file, report, deadline=None):
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=20))
-    seen = workers_faults.survive_a_dead_peer(rank, world, victim, phase, pause_file, deadline)
+    if phase == "diloco_round_in_flight":
+        seen = workers_faults.diloco_survives_a_dead_peer(rank, world, victim, pause_file)
+    else:
+        seen = workers_faults.survive_a_dead_peer(rank, world, victim, phase, pause_file, deadline)
     with open(report + ".tmp", "w") as f:  # whole, or not there: the test reads it while we exit
         json.dump(seen, f)
     os.replace(report + ".tmp", report)

@@ -26,11 +26,8 @@ def _start_ranks(tmp_path, world, victim, phase, *extra):
             for r in range(world)]
 
 
-@pytest.mark.parametrize("phase", ["backward", "encode", "all_to_all", "all_gather"])
-def test_a_killed_rank_makes_every_survivor_raise_promptly(tmp_path, phase):
-    world, victim = 3, 1
-    pause = tmp_path / "paused"
-    procs = _start_ranks(tmp_path, world, victim, phase)
+def _kill_the_victim_at_its_phase(procs, victim, pause):
+    """Kills the victim once it paused at its phase, then waits for every rank; returns the kill time."""
     deadline = time.monotonic() + 120
     while not pause.exists():
         assert time.monotonic() < deadline and procs[victim].poll() is None, "the victim never reached its phase"
@@ -44,6 +41,15 @@ def test_a_killed_rank_makes_every_survivor_raise_promptly(tmp_path, phase):
             for q in procs:
                 q.kill()
             raise AssertionError(f"rank {r} hung after its peer died")
+    return killed
+
+
+@pytest.mark.parametrize("phase", ["backward", "encode", "all_to_all", "all_gather"])
+def test_a_killed_rank_makes_every_survivor_raise_promptly(tmp_path, phase):
+    world, victim = 3, 1
+    pause = tmp_path / "paused"
+    procs = _start_ranks(tmp_path, world, victim, phase)
+    killed = _kill_the_victim_at_its_phase(procs, victim, pause)
     assert procs[victim].returncode == -signal.SIGKILL
     for r in range(world):
         if r == victim:
@@ -55,6 +61,25 @@ def test_a_killed_rank_makes_every_survivor_raise_promptly(tmp_path, phase):
             c in error for c in ("all_to_all", "all_gather", "allreduce")), error
         assert report["elapsed"] < PG_TIMEOUT + 10, report
         assert report["workers_while_training"] == 1 and report["workers_after"] == 0, report
+    assert time.monotonic() - killed < PG_TIMEOUT + 25
+
+
+def test_a_rank_killed_with_a_diloco_round_in_flight_makes_every_survivor_raise_promptly(tmp_path):
+    """Streaming DiLoCo: the victim dies while its round runs on the background thread; the survivors'
+    merge (or their next agreement) raises within the group's timeout instead of waiting forever."""
+    world, victim = 3, 1
+    pause = tmp_path / "paused"
+    procs = _start_ranks(tmp_path, world, victim, "diloco_round_in_flight")
+    killed = _kill_the_victim_at_its_phase(procs, victim, pause)
+    assert procs[victim].returncode == -signal.SIGKILL
+    for r in range(world):
+        if r == victim:
+            continue
+        assert procs[r].returncode != 0, f"rank {r} exited 0 after its peer died"
+        report = json.loads((tmp_path / f"report{r}.json").read_text())
+        assert "DiLoCo:" in report["error"] and "fragment" in report["error"] and "round" in report["error"], report
+        assert report["elapsed"] < PG_TIMEOUT + 10, report
+        assert report["rounds"] >= 1, report  # it had synced with the victim before
     assert time.monotonic() - killed < PG_TIMEOUT + 25
 
 

@@ -91,6 +91,31 @@ def survive_a_dead_peer(rank, world, victim, phase, pause_file, deadline=None):
             "workers_after": thread_names().count("gradcomp-worker")}
 
 
+def diloco_survives_a_dead_peer(rank, world, victim, pause_file):
+    """DiLoCo with overlap_steps = 2: the victim stops right after a sync point, its round in flight on
+    the background thread (the test kills it there). Every survivor must raise, naming what failed,
+    instead of waiting on a round that cannot finish."""
+    import workers_diloco
+
+    model = workers_diloco.make_model(rank)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    h = 4
+    d = gt.diloco(model, opt, gradcomp.Q4(), inner_steps=h, overlap_steps=2, outer_lr=1.0, outer_momentum=0.3)
+    started, error, elapsed = None, None, None
+    try:
+        for t in range(1, 12 * h + 1):
+            started = time.monotonic()
+            workers_diloco.inner_step(model, opt, rank, t, "cpu")
+            if rank == victim and t == 2 * h:  # this step launched round 2 in the background
+                open(pause_file, "w").close()
+                time.sleep(3600)
+    except Exception as e:  # noqa: BLE001 - the report carries whatever the survivor saw
+        error, elapsed = f"{type(e).__name__}: {e}", time.monotonic() - started
+    if error is None:
+        raise AssertionError("no error although a peer died")
+    return {"error": error, "elapsed": elapsed, "rounds": d.stats()["rounds"]}
+
+
 def _run_steps(native, rank, steps, n=3001, retry=False):
     out = []
     for step in steps:

@@ -138,7 +138,7 @@ older_torch_stage() {
 # codec on the overlapped pipeline, the leak soaks, worker-CPU and optimizer-warning argument
 # checks), to keep CI under an hour on two cores.
 core_only="larger_world_sizes or overlapped_buckets or long_run or two_hundred_times or bad_worker_cpus \
-or adaptive_optimizer or find_unused or four_ranks or slow_rank"
+or adaptive_optimizer or find_unused or four_ranks or slow_rank or extended_with_eager[3]"
 
 step "oldest supported torch ($oldest_torch): the torch layer, GradSync's trainer and every front end's tests but FSDP's"
 older_torch_stage "$oldest_torch" "" trainer -k "not ($core_only)" test_torch_versions.py test_torch_compile.py \

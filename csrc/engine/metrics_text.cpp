@@ -13,6 +13,8 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <variant>
 
 #include "gradcomp/engine.h"
 
@@ -102,67 +104,116 @@ MetricLabels metric_labels(int rank, std::string codec, std::string front_end) {
   return l;
 }
 
+namespace {
+
+// How a series reads its value from a rank's stats: a counter or a time as it stands, the
+// compression ratio (uncompressed bytes over sent bytes, 0 before anything was sent), or the
+// bucket latency histogram.
+using Count = uint64_t ReductionStats::*;
+using Seconds = double ReductionStats::*;
+struct SentRatio {};
+struct LatencyHistogram {};
+using Reading = std::variant<Count, Seconds, SentRatio, LatencyHistogram>;
+
+struct Series {
+  const char* name;
+  const char* type;  // counter, gauge or histogram
+  const char* help;
+  Reading reading;
+};
+
+using S = ReductionStats;
+
+// The gradient reductions' series, in the order they are written.
+const Series kGradientSeries[] = {
+    {"gradcomp_steps_total", "counter", "Training steps begun.", &S::steps},
+    {"gradcomp_buckets_total", "counter", "Gradient buckets reduced.", &S::buckets},
+    {"gradcomp_compressed_buckets_total", "counter", "Buckets that went through the codec.",
+     &S::compressed_buckets},
+    {"gradcomp_sent_bytes_total", "counter", "Bytes this rank put on the wire.", &S::bytes_sent},
+    {"gradcomp_inter_node_sent_bytes_total", "counter",
+     "The part of the sent bytes that left the node.", &S::inter_node_bytes},
+    {"gradcomp_uncompressed_bytes_total", "counter",
+     "Bytes the uncompressed collective of the same buckets would have sent.",
+     &S::uncompressed_bytes},
+    {"gradcomp_compression_ratio", "gauge",
+     "Uncompressed bytes over sent bytes since the start (0 before anything was sent).",
+     SentRatio{}},
+    {"gradcomp_codec_seconds_total", "counter",
+     "Seconds of encoding and decoding (time outside the collectives).", &S::codec_seconds},
+    {"gradcomp_communication_seconds_total", "counter", "Seconds in collectives.",
+     &S::comm_seconds},
+    {"gradcomp_bucket_seconds", "histogram",
+     "Seconds from a bucket's start to its end (on CUDA: to its queueing).", LatencyHistogram{}},
+    {"gradcomp_buckets_in_backward_total", "counter",
+     "Buckets whose reduction ended before the step's last bucket was handed in.",
+     &S::buckets_in_backward},
+    {"gradcomp_overlapped_buckets_total", "counter",
+     "Buckets decoded while the next one was on the wire.", &S::overlapped_buckets},
+    {"gradcomp_nonfinite_buckets_total", "counter",
+     "Buckets whose result held NaN or infinity (the step is skipped by a scaler).",
+     &S::nonfinite_buckets},
+    {"gradcomp_rejected_payloads_total", "counter",
+     "Payloads that failed their checks (corrupted or foreign bytes).", &S::rejected_payloads},
+    {"gradcomp_failed_buckets_total", "counter", "Bucket reductions that raised.",
+     &S::failed_buckets},
+    {"gradcomp_failed_steps_total", "counter", "Steps with a failed bucket.", &S::failed_steps},
+    {"gradcomp_residual_bytes", "gauge", "Memory of error-feedback residuals now.",
+     &S::residual_bytes},
+};
+
+// The parameter all-gathers' series (FSDP weights), written after the gradients'.
+const Series kWeightSeries[] = {
+    {"gradcomp_weight_all_gathers_total", "counter",
+     "Parameter all-gathers run (one per module and all-gather).", &S::buckets},
+    {"gradcomp_weight_sent_bytes_total", "counter",
+     "Bytes this rank put on the wire for parameter all-gathers.", &S::bytes_sent},
+    {"gradcomp_weight_uncompressed_bytes_total", "counter",
+     "Bytes the all-gathers in the parameters' own dtype would have sent.", &S::uncompressed_bytes},
+    {"gradcomp_weight_compression_ratio", "gauge",
+     "Weight uncompressed bytes over weight sent bytes since the start (0 before any).",
+     SentRatio{}},
+    {"gradcomp_weight_codec_seconds_total", "counter",
+     "Seconds of weight encoding and decoding (outside the all-gathers).", &S::codec_seconds},
+    {"gradcomp_weight_communication_seconds_total", "counter", "Seconds in parameter all-gathers.",
+     &S::comm_seconds},
+    {"gradcomp_weight_failed_all_gathers_total", "counter",
+     "Parameter all-gathers that raised (a non-finite weight, a peer's damaged payload).",
+     &S::failed_buckets},
+};
+
+template <size_t N>
+void write_series(Exposition& e, const Series (&table)[N], const ReductionStats& s) {
+  for (const Series& series : table) {
+    std::visit(
+        [&](auto reading) {
+          using R = decltype(reading);
+          if constexpr (std::is_same_v<R, LatencyHistogram>) {
+            e.histogram(series.name, series.help, s);
+          } else if constexpr (std::is_same_v<R, SentRatio>) {
+            e.metric(
+                series.name, series.type, series.help,
+                s.bytes_sent > 0 ? static_cast<double>(s.uncompressed_bytes) / s.bytes_sent : 0.0);
+          } else {
+            e.metric(series.name, series.type, series.help, s.*reading);
+          }
+        },
+        series.reading);
+  }
+}
+
+}  // namespace
+
 std::string prometheus_text(const ReductionStats& s, const MetricLabels& labels) {
   Exposition e(labels);
-  e.metric("gradcomp_steps_total", "counter", "Training steps begun.", s.steps);
-  e.metric("gradcomp_buckets_total", "counter", "Gradient buckets reduced.", s.buckets);
-  e.metric("gradcomp_compressed_buckets_total", "counter", "Buckets that went through the codec.",
-           s.compressed_buckets);
-  e.metric("gradcomp_sent_bytes_total", "counter", "Bytes this rank put on the wire.",
-           s.bytes_sent);
-  e.metric("gradcomp_inter_node_sent_bytes_total", "counter",
-           "The part of the sent bytes that left the node.", s.inter_node_bytes);
-  e.metric("gradcomp_uncompressed_bytes_total", "counter",
-           "Bytes the uncompressed collective of the same buckets would have sent.",
-           s.uncompressed_bytes);
-  e.metric("gradcomp_compression_ratio", "gauge",
-           "Uncompressed bytes over sent bytes since the start (0 before anything was sent).",
-           s.bytes_sent > 0 ? static_cast<double>(s.uncompressed_bytes) / s.bytes_sent : 0.0);
-  e.metric("gradcomp_codec_seconds_total", "counter",
-           "Seconds of encoding and decoding (time outside the collectives).", s.codec_seconds);
-  e.metric("gradcomp_communication_seconds_total", "counter", "Seconds in collectives.",
-           s.comm_seconds);
-  e.histogram("gradcomp_bucket_seconds",
-              "Seconds from a bucket's start to its end (on CUDA: to its queueing).", s);
-  e.metric("gradcomp_buckets_in_backward_total", "counter",
-           "Buckets whose reduction ended before the step's last bucket was handed in.",
-           s.buckets_in_backward);
-  e.metric("gradcomp_overlapped_buckets_total", "counter",
-           "Buckets decoded while the next one was on the wire.", s.overlapped_buckets);
-  e.metric("gradcomp_nonfinite_buckets_total", "counter",
-           "Buckets whose result held NaN or infinity (the step is skipped by a scaler).",
-           s.nonfinite_buckets);
-  e.metric("gradcomp_rejected_payloads_total", "counter",
-           "Payloads that failed their checks (corrupted or foreign bytes).", s.rejected_payloads);
-  e.metric("gradcomp_failed_buckets_total", "counter", "Bucket reductions that raised.",
-           s.failed_buckets);
-  e.metric("gradcomp_failed_steps_total", "counter", "Steps with a failed bucket.", s.failed_steps);
-  e.metric("gradcomp_residual_bytes", "gauge", "Memory of error-feedback residuals now.",
-           s.residual_bytes);
+  write_series(e, kGradientSeries, s);
   return e.text();
 }
 
 std::string prometheus_text(const ReductionStats& gradients, const ReductionStats& weights,
                             const MetricLabels& labels) {
   Exposition e(labels);
-  const ReductionStats& w = weights;
-  e.metric("gradcomp_weight_all_gathers_total", "counter",
-           "Parameter all-gathers run (one per module and all-gather).", w.buckets);
-  e.metric("gradcomp_weight_sent_bytes_total", "counter",
-           "Bytes this rank put on the wire for parameter all-gathers.", w.bytes_sent);
-  e.metric("gradcomp_weight_uncompressed_bytes_total", "counter",
-           "Bytes the all-gathers in the parameters' own dtype would have sent.",
-           w.uncompressed_bytes);
-  e.metric("gradcomp_weight_compression_ratio", "gauge",
-           "Weight uncompressed bytes over weight sent bytes since the start (0 before any).",
-           w.bytes_sent > 0 ? static_cast<double>(w.uncompressed_bytes) / w.bytes_sent : 0.0);
-  e.metric("gradcomp_weight_codec_seconds_total", "counter",
-           "Seconds of weight encoding and decoding (outside the all-gathers).", w.codec_seconds);
-  e.metric("gradcomp_weight_communication_seconds_total", "counter",
-           "Seconds in parameter all-gathers.", w.comm_seconds);
-  e.metric("gradcomp_weight_failed_all_gathers_total", "counter",
-           "Parameter all-gathers that raised (a non-finite weight, a peer's damaged payload).",
-           w.failed_buckets);
+  write_series(e, kWeightSeries, weights);
   return prometheus_text(gradients, labels) + e.text();
 }
 

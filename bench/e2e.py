@@ -320,6 +320,13 @@ def step_time_bars(plt, rows, methods, config_of, limit_of, label_of, title, pat
     fig.savefig(path, dpi=110)
 
 
+def parallelism_of(methods) -> str:
+    """What the plotted methods trained with, for the plot's title: DDP (its hooks, gradcomp's and the
+    C++ programs'), FSDP2 (fsdp-*), DiLoCo (diloco-*), joined when a run mixed them."""
+    kinds = {"FSDP2" if m.startswith("fsdp") else "DiLoCo" if m in DILOCO else "DDP" for m in methods}
+    return " and ".join(k for k in ("DDP", "FSDP2", "DiLoCo") if k in kinds)
+
+
 def plot(results, out):
     try:
         import matplotlib
@@ -332,7 +339,7 @@ def plot(results, out):
     step_time_bars(plt, rows, METHODS, lambda r: (r["world"], r["gbps"]),
                    lambda c: results["limit"].get(str(c[0]), {}).get("step_s"),
                    lambda c: f"W={c[0]}, {c[1]:g} Gbit/s",
-                   f"25M-parameter MLP, DDP on CPU/Gloo ({results['date'][:10]})",
+                   f"25M-parameter MLP, {parallelism_of(r['method'] for r in rows)} on CPU/Gloo ({results['date'][:10]})",
                    os.path.join(out, "step_time.png"))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in results["digits"]:

@@ -76,4 +76,54 @@ inline std::unique_ptr<Backend> backend_of(KernelGeneration g) {
   return cuda::make_cuda_backend(o);
 }
 
+// A decode of two payloads of `codec` (1000 fp32 elements, blocks of 64), the second corrupted by
+// `corrupt`: rejected at the next status check by an `Expected` whose message names `what`, the
+// output untouched; check_payloads rejects the pair too and accepts two good ones.
+template <class Expected>
+void expect_corrupt_payload_rejected(Backend& backend, uint8_t codec,
+                                     void (*corrupt)(std::vector<uint8_t>&), const char* what) {
+  SCOPED_TRACE(what);
+  testing::HostTensor x =
+      testing::HostTensor::from_floats(DType::kFloat32, testing::normal_floats(1000, 2));
+  auto good = testing::block_encode_tensor(codec, x, 64, true, {1, 0, 0, 0, 0}, {}, false, 1);
+  auto bad = good;
+  corrupt(bad.payload);
+  DeviceBuffer dgood(good.payload.data(), good.payload.size()),
+      dbad(bad.payload.data(), bad.payload.size());
+  std::vector<float> sentinel(1000, 42.0f);
+  DeviceBuffer dy(sentinel.data(), 4000);
+  Segment seg{dy.get(), 0, 1000};
+  const uint8_t* ptrs[2] = {dgood.get(), dbad.get()};
+  Q4DecodeParams d;
+  d.codec = codec;
+  d.payloads = ptrs;
+  d.num_payloads = 2;
+  d.payload_bytes = good.payload.size();
+  d.numel = 1000;
+  d.segments = &seg;
+  d.num_segments = 1;
+  backend.q4_decode(d);
+  try {
+    backend.take_decode_status();
+    ADD_FAILURE() << "a corrupted payload was accepted";
+  } catch (const Expected& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(std::memcmp(dy.host().data(), sentinel.data(), 4000), 0);
+  const int64_t numel[2] = {1000, 1000};
+  PayloadCheckParams c;
+  c.codec = codec;
+  c.param = 64;
+  c.value_dtype = codec == format::kCodecQ2 ? math::kDtypeBF16 : math::kDtypeF32;
+  c.payloads = ptrs;
+  c.num_payloads = 2;
+  c.payload_bytes = good.payload.size();
+  c.numel = numel;
+  backend.check_payloads(c);
+  EXPECT_THROW(backend.take_decode_status(), Expected);
+  ptrs[1] = dgood.get();
+  backend.check_payloads(c);
+  EXPECT_FALSE(backend.take_decode_status());
+}
+
 }  // namespace gradcomp

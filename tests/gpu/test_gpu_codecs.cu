@@ -155,43 +155,10 @@ TEST(GpuQ4, CorruptSectionsAreRejectedByTheBodyChecksumOnTheDevice) {
   SKIP_WITHOUT_GPU();
   for (KernelGeneration g : kGenerations) {
     SCOPED_TRACE(gen_name(g));
-    auto backend = backend_of(g);
-    HostTensor x = HostTensor::from_floats(DType::kFloat32, testing::normal_floats(1000, 2));
-    auto good = testing::q4_encode_tensor(x, 64, true, {1, 0, 0, 0, 0});
-    auto bad = good;
-    bad.payload[bad.payload.size() - 40] ^= 0x10;  // a code nibble
-    DeviceBuffer dgood(good.payload.data(), good.payload.size()),
-        dbad(bad.payload.data(), bad.payload.size());
-    std::vector<float> sentinel(1000, 42.0f);
-    DeviceBuffer dy(sentinel.data(), 4000);
-    Segment seg{dy.get(), 0, 1000};
-    const uint8_t* ptrs[2] = {dgood.get(), dbad.get()};
-    Q4DecodeParams d;
-    d.payloads = ptrs;
-    d.num_payloads = 2;
-    d.payload_bytes = good.payload.size();
-    d.numel = 1000;
-    d.segments = &seg;
-    d.num_segments = 1;
-    backend->q4_decode(d);
-    try {
-      backend->take_decode_status();
-      ADD_FAILURE() << "a corrupted body was accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("body checksum"), std::string::npos) << e.what();
-    }
-    EXPECT_EQ(std::memcmp(dy.host().data(), sentinel.data(), 4000), 0);
-    const int64_t numel[2] = {1000, 1000};
-    PayloadCheckParams c;
-    c.payloads = ptrs;
-    c.num_payloads = 2;
-    c.payload_bytes = good.payload.size();
-    c.numel = numel;
-    backend->check_payloads(c);
-    EXPECT_THROW(backend->take_decode_status(), Error);
-    ptrs[1] = dgood.get();
-    backend->check_payloads(c);
-    EXPECT_FALSE(backend->take_decode_status());
+    expect_corrupt_payload_rejected<Error>(
+        *backend_of(g), format::kCodecQ4,
+        [](std::vector<uint8_t>& p) { p[p.size() - 40] ^= 0x10; },  // a code nibble
+        "body checksum");
   }
 }
 

@@ -58,51 +58,10 @@ TEST(GpuQ2, V2SealsWithFewBlocks) {
   }
 }
 
-// A q2 decode of two payloads, one corrupted by `corrupt`: rejected by name at the status check,
-// the output untouched; check_payloads (codec 3) rejects it too and accepts two good ones.
+// q2 payloads through the shared rejection check (gpu_test_util.h) on a v2 backend.
 void expect_rejected(void (*corrupt)(std::vector<uint8_t>&), const char* what) {
-  SCOPED_TRACE(what);
-  auto backend = backend_of(KernelGeneration::kV2);
-  HostTensor x = HostTensor::from_floats(DType::kFloat32, testing::normal_floats(1000, 2));
-  auto good = testing::q2_encode_tensor(x, 64, true, {1, 0, 0, 0, 0});
-  auto bad = good;
-  corrupt(bad.payload);
-  DeviceBuffer dgood(good.payload.data(), good.payload.size()),
-      dbad(bad.payload.data(), bad.payload.size());
-  std::vector<float> sentinel(1000, 42.0f);
-  DeviceBuffer dy(sentinel.data(), 4000);
-  Segment seg{dy.get(), 0, 1000};
-  const uint8_t* ptrs[2] = {dgood.get(), dbad.get()};
-  Q4DecodeParams d;
-  d.codec = format::kCodecQ2;
-  d.payloads = ptrs;
-  d.num_payloads = 2;
-  d.payload_bytes = good.payload.size();
-  d.numel = 1000;
-  d.segments = &seg;
-  d.num_segments = 1;
-  backend->q4_decode(d);
-  try {
-    backend->take_decode_status();
-    ADD_FAILURE() << "a corrupted q2 payload was accepted";
-  } catch (const PayloadError& e) {
-    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-  }
-  EXPECT_EQ(std::memcmp(dy.host().data(), sentinel.data(), 4000), 0);
-  const int64_t numel[2] = {1000, 1000};
-  PayloadCheckParams c;
-  c.codec = format::kCodecQ2;
-  c.param = 64;
-  c.value_dtype = math::kDtypeBF16;
-  c.payloads = ptrs;
-  c.num_payloads = 2;
-  c.payload_bytes = good.payload.size();
-  c.numel = numel;
-  backend->check_payloads(c);
-  EXPECT_THROW(backend->take_decode_status(), PayloadError);
-  ptrs[1] = dgood.get();
-  backend->check_payloads(c);
-  EXPECT_FALSE(backend->take_decode_status());
+  expect_corrupt_payload_rejected<PayloadError>(*backend_of(KernelGeneration::kV2),
+                                                format::kCodecQ2, corrupt, what);
 }
 
 TEST(GpuQ2, CorruptPayloadsAreRejectedByName) {

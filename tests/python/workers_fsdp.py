@@ -24,12 +24,16 @@ def make_model():
     return nn.Sequential(nn.Linear(20, 33), nn.ReLU(), nn.Linear(33, 47), nn.ReLU(), nn.Linear(47, 5))
 
 
-def shard(model, mp=None, mesh=None):
+def shard(model, mp=None, mesh=None, reshard=None, layers=(nn.Linear,)):
+    """fully_shard each of the model's layers of the types `layers`, then the model; the policy, mesh and
+    reshard_after_forward passed on when given (else FSDP's defaults)."""
     kwargs = {"mp_policy": mp} if mp is not None else {}
     if mesh is not None:
         kwargs["mesh"] = mesh
+    if reshard is not None:
+        kwargs["reshard_after_forward"] = reshard
     for layer in model:
-        if isinstance(layer, nn.Linear):
+        if isinstance(layer, layers):
             fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model
@@ -420,30 +424,37 @@ def metrics_count_each_step_once(rank, world):
     return True
 
 
-def resumes_through_distributed_checkpoint(rank, world, path):
-    """torch.distributed.checkpoint saves the model, the optimizer and the hook (every rank's residuals,
-    each under its own key); a fresh job loads them and goes on bit for bit."""
+def dcp_job(rank, path, make_hook, steps, load=False, save=False):
+    """The sharded model under make_hook(model) trained with AdamW over `steps` (each rank's batches);
+    the model, the optimizer and the hook loaded first from the torch.distributed.checkpoint at `path`
+    (load) and saved there after (save)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    def job(steps, load=False, save=False):
-        model = shard(make_model())
-        hook = gt.fsdp(model, gradcomp.Q4(seed=SEED))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        if load:
-            msd, osd = get_state_dict(model, opt)
-            state = {"model": msd, "optim": osd, "gradcomp": hook}
-            dcp.load(state, checkpoint_id=path)
-            set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        for step in steps:
-            opt.zero_grad()
-            x, y = batch(rank, step)
-            loss_of(model, x, y).backward()
-            opt.step()
-        if save:
-            msd, osd = get_state_dict(model, opt)
-            dcp.save({"model": msd, "optim": osd, "gradcomp": hook}, checkpoint_id=path)
-        return model, hook
+    model = shard(make_model())
+    hook = make_hook(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if load:
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd, "gradcomp": hook}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    for step in steps:
+        opt.zero_grad()
+        loss_of(model, *batch(rank, step)).backward()
+        opt.step()
+    if save:
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optim": osd, "gradcomp": hook}, checkpoint_id=path)
+    return model, hook
+
+
+def resumes_through_distributed_checkpoint(rank, world, path):
+    """torch.distributed.checkpoint saves the model, the optimizer and the hook (every rank's residuals,
+    each under its own key); a fresh job loads them and goes on bit for bit."""
+
+    def job(steps, **kwargs):
+        return dcp_job(rank, path, lambda model: gt.fsdp(model, gradcomp.Q4(seed=SEED)), steps, **kwargs)
 
     straight, _ = job(range(4))
     _, saved_hook = job(range(2), save=True)

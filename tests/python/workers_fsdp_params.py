@@ -6,14 +6,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather
 
 import gradcomp
 import gradcomp.torch as gt
 from gradcomp._torch_compat import fsdp_in_backward, fsdp_param_group
 from reference import int8_all_gather
-from workers_fsdp import batch, full, hsdp_mesh, loss_of, make_model, rows, shard
+from workers_fsdp import batch, dcp_job, full, hsdp_mesh, loss_of, make_model, rows, shard
 
 BLOCK = 32
 
@@ -101,11 +101,7 @@ def build(world, case):
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if case == "bf16" else None
     reshard = {"reshard_false": False, "reshard_int": 2}.get(case, True)
     model = nn.Sequential(TwoDtypes(), nn.ReLU(), nn.Linear(33, 5)) if case == "two_dtypes" else make_model()
-    for layer in model:
-        if isinstance(layer, (nn.Linear, TwoDtypes)):
-            fully_shard(layer, reshard_after_forward=reshard, **({"mp_policy": mp} if mp else {}))
-    fully_shard(model, reshard_after_forward=reshard, **({"mp_policy": mp} if mp else {}))
-    return model, (torch.bfloat16 if mp else None)
+    return shard(model, mp, reshard=reshard, layers=(nn.Linear, TwoDtypes)), (torch.bfloat16 if mp else None)
 
 
 def run_case(rank, world, case):
@@ -300,26 +296,12 @@ def resumes_with_int8_weights_through_distributed_checkpoint(rank, world, path):
     """torch.distributed.checkpoint with int8 weight all-gathers: the saved model and optimizer are the
     exact sharded parameters (never the quantized weights), a load restores them bit for bit, and a job
     resumed from the checkpoint goes on bit for bit as the uninterrupted one."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    def job(steps, load=False, save=False):
-        model = shard(make_model())
-        hook = gt.fsdp(model, gradcomp.Q4(seed=3), params=gradcomp.Int8(block_size=BLOCK))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        if load:
-            msd, osd = get_state_dict(model, opt)
-            state = {"model": msd, "optim": osd, "gradcomp": hook}
-            dcp.load(state, checkpoint_id=path)
-            set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        for step in steps:
-            opt.zero_grad()
-            loss_of(model, *batch(rank, step)).backward()
-            opt.step()
-        if save:
-            msd, osd = get_state_dict(model, opt)
-            dcp.save({"model": msd, "optim": osd, "gradcomp": hook}, checkpoint_id=path)
-        return model, hook
+    def int8_hook(model):
+        return gt.fsdp(model, gradcomp.Q4(seed=3), params=gradcomp.Int8(block_size=BLOCK))
+
+    def job(steps, **kwargs):
+        return dcp_job(rank, path, int8_hook, steps, **kwargs)
 
     straight, straight_hook = job(range(4))
     saved, _ = job(range(2), save=True)

@@ -193,3 +193,31 @@ LaunchStatus run_decode(const Q4DecodeParams& p, cudaStream_t stream) {
 }  // namespace v2
 }  // namespace kernels
 }  // namespace gradcomp
+
+// A codec's __global__ encode and decode kernels over block_v2.cuh's bodies and the Kernels policy
+// that launches them (kernels/v2/q4_v2_kernels.cu, q2_v2_kernels.cu). A macro, not a template over
+// Codes: each kernel keeps its codec's own name (<prefix>_encode_v2_kernel, ..._decode_...), which
+// the SASS budgets (kernels/sass_budgets.txt) and profiles name. Use inside namespace v2.
+#define GRADCOMP_V2_BLOCK_KERNELS(prefix, CodesType, KernelsName)                                 \
+  template <uint8_t kIn, uint8_t kRes, bool kSR, bool kAligned>                                   \
+  __global__ void __launch_bounds__(kThreadsPerBlock, 2)                                          \
+      prefix##_encode_v2_kernel(const block::EncodeArgs a) {                                      \
+    block::encode_body<CodesType, kIn, kRes, kSR, kAligned>(a);                                   \
+  }                                                                                               \
+  template <uint8_t kOut, bool kPow2, bool kAligned>                                              \
+  __global__ void __launch_bounds__(kThreadsPerBlock, 2)                                          \
+      prefix##_decode_v2_kernel(const block::DecodeArgs a) {                                      \
+    block::decode_body<CodesType, kOut, kPow2, kAligned>(a);                                      \
+  }                                                                                               \
+  struct KernelsName {                                                                            \
+    using Codes = CodesType;                                                                      \
+    template <uint8_t kIn, uint8_t kRes, bool kSR, bool kAligned>                                 \
+    static void encode(const block::EncodeArgs& a, int grid, cudaStream_t stream) {               \
+      prefix##_encode_v2_kernel<kIn, kRes, kSR, kAligned>                                         \
+          <<<grid, kThreadsPerBlock, 0, stream>>>(a);                                             \
+    }                                                                                             \
+    template <uint8_t kOut, bool kPow2, bool kAligned>                                            \
+    static void decode(const block::DecodeArgs& a, int grid, cudaStream_t stream) {               \
+      prefix##_decode_v2_kernel<kOut, kPow2, kAligned><<<grid, kThreadsPerBlock, 0, stream>>>(a); \
+    }                                                                                             \
+  }

@@ -7,29 +7,7 @@ namespace kernels {
 namespace v2 {
 namespace {
 
-template <uint8_t kIn, uint8_t kRes, bool kSR, bool kAligned>
-__global__ void __launch_bounds__(kThreadsPerBlock, 2)
-    q2_encode_v2_kernel(const block::EncodeArgs a) {
-  block::encode_body<Q2Codes, kIn, kRes, kSR, kAligned>(a);
-}
-
-template <uint8_t kOut, bool kPow2, bool kAligned>
-__global__ void __launch_bounds__(kThreadsPerBlock, 2)
-    q2_decode_v2_kernel(const block::DecodeArgs a) {
-  block::decode_body<Q2Codes, kOut, kPow2, kAligned>(a);
-}
-
-struct Q2Kernels {
-  using Codes = Q2Codes;
-  template <uint8_t kIn, uint8_t kRes, bool kSR, bool kAligned>
-  static void encode(const block::EncodeArgs& a, int grid, cudaStream_t stream) {
-    q2_encode_v2_kernel<kIn, kRes, kSR, kAligned><<<grid, kThreadsPerBlock, 0, stream>>>(a);
-  }
-  template <uint8_t kOut, bool kPow2, bool kAligned>
-  static void decode(const block::DecodeArgs& a, int grid, cudaStream_t stream) {
-    q2_decode_v2_kernel<kOut, kPow2, kAligned><<<grid, kThreadsPerBlock, 0, stream>>>(a);
-  }
-};
+GRADCOMP_V2_BLOCK_KERNELS(q2, Q2Codes, Q2Kernels);
 
 }  // namespace
 

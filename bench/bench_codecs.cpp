@@ -150,6 +150,46 @@ void BM_Q4DecodeSum(benchmark::State& state) {
   report(state, static_cast<double>(payload.size()) * world + 4.0 * n);
 }
 
+// The int8 weight all-gather's row codec (one run of one dtype, block 64). Args: elements,
+// dtype, instruction set (-1: best).
+std::vector<uint8_t> int8_payload(const std::vector<uint8_t>& input, const Int8Run& run) {
+  std::vector<uint8_t> payload(int8_row_payload_bytes(&run, 1, 64));
+  cpu::int8_encode_row(input.data(), &run, 1, 64, payload.data());
+  return payload;
+}
+
+void BM_Int8Encode(benchmark::State& state) {
+  IsaScope isa(state, state.range(2));
+  if (!isa.ok()) return;
+  const Int8Run run{static_cast<uint8_t>(state.range(1)), state.range(0)};
+  const auto input = make_input(static_cast<DType>(run.dtype), run.numel);
+  std::vector<uint8_t> payload(int8_row_payload_bytes(&run, 1, 64));
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(cpu::int8_encode_row(input.data(), &run, 1, 64, payload.data()));
+    benchmark::ClobberMemory();
+  }
+  report(state, static_cast<double>(input.size() + payload.size()));
+}
+
+// Verdict (header and checksum) and decode of one row, as CompressedAllGather runs per rank.
+void BM_Int8Decode(benchmark::State& state) {
+  IsaScope isa(state, state.range(2));
+  if (!isa.ok()) return;
+  const Int8Run run{static_cast<uint8_t>(state.range(1)), state.range(0)};
+  const auto input = make_input(static_cast<DType>(run.dtype), run.numel);
+  const auto payload = int8_payload(input, run);
+  std::vector<uint8_t> output(input.size());
+  for (auto _ : state) {
+    if (cpu::int8_row_verdict(payload.data(), &run, 1, 64) != kInt8Ok) {
+      state.SkipWithError("the payload does not pass its own verdict");
+      return;
+    }
+    cpu::int8_decode_row(payload.data(), &run, 1, 64, output.data());
+    benchmark::ClobberMemory();
+  }
+  report(state, static_cast<double>(input.size() + payload.size()));
+}
+
 // Args: elements, exact.
 void BM_TopKEncode(benchmark::State& state) {
   const int64_t n = state.range(0);
@@ -287,6 +327,22 @@ BENCHMARK(BM_Q4DecodeSum)
     ->Args({kN, 4, 1, -1})
     ->Args({kN, 4, 2, -1})
     ->Args({kN, 4, 1, 0})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Int8Encode)
+    ->ArgNames({"n", "dtype", "isa"})
+    ->Args({1000000, 0, -1})
+    ->Args({25000000, 0, -1})
+    ->Args({1000000, 2, -1})
+    ->Args({25000000, 2, -1})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Int8Decode)
+    ->ArgNames({"n", "dtype", "isa"})
+    ->Args({1000000, 0, -1})
+    ->Args({25000000, 0, -1})
+    ->Args({1000000, 2, -1})
+    ->Args({25000000, 2, -1})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_TopKEncode)

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_int8_loops.h"
 #include "gradcomp/cpu.h"
 #include "gradcomp/format.h"
 
@@ -151,7 +152,8 @@ void BM_Q4DecodeSum(benchmark::State& state) {
 }
 
 // The int8 weight all-gather's row codec (one run of one dtype, block 64). Args: elements,
-// dtype, instruction set (-1: best).
+// dtype, instruction set (-1: best; -2: the element-by-element reference the loops replaced, with
+// the scalar checksum).
 std::vector<uint8_t> int8_payload(const std::vector<uint8_t>& input, const Int8Run& run) {
   std::vector<uint8_t> payload(int8_row_payload_bytes(&run, 1, 64));
   cpu::int8_encode_row(input.data(), &run, 1, 64, payload.data());
@@ -159,13 +161,16 @@ std::vector<uint8_t> int8_payload(const std::vector<uint8_t>& input, const Int8R
 }
 
 void BM_Int8Encode(benchmark::State& state) {
-  IsaScope isa(state, state.range(2));
+  const bool reference = state.range(2) == -2;
+  IsaScope isa(state, reference ? 0 : state.range(2));
   if (!isa.ok()) return;
+  if (reference) state.SetLabel("reference");
+  const auto encode = reference ? cpu::detail::int8_encode_row_reference : cpu::int8_encode_row;
   const Int8Run run{static_cast<uint8_t>(state.range(1)), state.range(0)};
   const auto input = make_input(static_cast<DType>(run.dtype), run.numel);
   std::vector<uint8_t> payload(int8_row_payload_bytes(&run, 1, 64));
   for (auto _ : state) {
-    benchmark::DoNotOptimize(cpu::int8_encode_row(input.data(), &run, 1, 64, payload.data()));
+    benchmark::DoNotOptimize(encode(input.data(), &run, 1, 64, payload.data()));
     benchmark::ClobberMemory();
   }
   report(state, static_cast<double>(input.size() + payload.size()));
@@ -173,18 +178,22 @@ void BM_Int8Encode(benchmark::State& state) {
 
 // Verdict (header and checksum) and decode of one row, as CompressedAllGather runs per rank.
 void BM_Int8Decode(benchmark::State& state) {
-  IsaScope isa(state, state.range(2));
+  const bool reference = state.range(2) == -2;
+  IsaScope isa(state, reference ? 0 : state.range(2));
   if (!isa.ok()) return;
+  if (reference) state.SetLabel("reference");
+  const auto decode = reference ? cpu::detail::int8_decode_row_reference : cpu::int8_decode_row;
   const Int8Run run{static_cast<uint8_t>(state.range(1)), state.range(0)};
   const auto input = make_input(static_cast<DType>(run.dtype), run.numel);
   const auto payload = int8_payload(input, run);
   std::vector<uint8_t> output(input.size());
   for (auto _ : state) {
+    // Under the reference the verdict runs on the portable checksum, the scalar loop it replaced.
     if (cpu::int8_row_verdict(payload.data(), &run, 1, 64) != kInt8Ok) {
       state.SkipWithError("the payload does not pass its own verdict");
       return;
     }
-    cpu::int8_decode_row(payload.data(), &run, 1, 64, output.data());
+    decode(payload.data(), &run, 1, 64, output.data());
     benchmark::ClobberMemory();
   }
   report(state, static_cast<double>(input.size() + payload.size()));
@@ -331,18 +340,12 @@ BENCHMARK(BM_Q4DecodeSum)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Int8Encode)
     ->ArgNames({"n", "dtype", "isa"})
-    ->Args({1000000, 0, -1})
-    ->Args({25000000, 0, -1})
-    ->Args({1000000, 2, -1})
-    ->Args({25000000, 2, -1})
+    ->ArgsProduct({{1000000, 25000000}, {0, 2}, {-2, 0, -1}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Int8Decode)
     ->ArgNames({"n", "dtype", "isa"})
-    ->Args({1000000, 0, -1})
-    ->Args({25000000, 0, -1})
-    ->Args({1000000, 2, -1})
-    ->Args({25000000, 2, -1})
+    ->ArgsProduct({{1000000, 25000000}, {0, 2}, {-2, 0, -1}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_TopKEncode)

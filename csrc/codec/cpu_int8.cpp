@@ -98,7 +98,8 @@ Int8Verdict int8_row_verdict(const uint8_t* p, const Int8Run* runs, int num_runs
   if (block != block_size || nruns != static_cast<uint32_t>(num_runs) ||
       numel != int8_row_numel(runs, num_runs))
     return kInt8BadLayout;
-  if ((p[6] & ~kInt8FlagNonfinite) != 0) return kInt8BadFlags;
+  // Byte 7 is reserved and always written 0: any other value is a header this build cannot read.
+  if ((p[6] & ~kInt8FlagNonfinite) != 0 || p[7] != 0) return kInt8BadFlags;
   if (sum != body_sum(p, total, active_isa())) return kInt8BadChecksum;
   return (p[6] & kInt8FlagNonfinite) != 0 ? kInt8Nonfinite : kInt8Ok;
 }

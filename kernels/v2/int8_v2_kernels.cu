@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) int8_check_v2_kernel(const I
     const uint4 h0 = __ldcg(h), h1 = __ldcg(h + 1);
     const uint64_t numel = h1.x | (static_cast<uint64_t>(h1.y) << 32);
     const uint64_t sum = h1.z | (static_cast<uint64_t>(h1.w) << 32);
-    const uint32_t version = h0.y & 0xFFFFu, flags = (h0.y >> 16) & 0xFFu;
+    const uint32_t version = h0.y & 0xFFFFu, flags = (h0.y >> 16) & 0xFFu, reserved = h0.y >> 24;
     int32_t v = kInt8Ok;
     if (h0.x != kInt8PayloadMagic) {
       v = kInt8BadMagic;
@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) int8_check_v2_kernel(const I
       v = kInt8BadVersion;
     } else if (h0.z != a.block || h0.w != a.num_runs || numel != a.numel) {
       v = kInt8BadLayout;
-    } else if ((flags & ~static_cast<uint32_t>(kInt8FlagNonfinite)) != 0) {
+    } else if ((flags & ~static_cast<uint32_t>(kInt8FlagNonfinite)) != 0 || reserved != 0) {
       v = kInt8BadFlags;
     } else if (atomicAdd(&a.sums[p], 0ull) != sum) {
       v = kInt8BadChecksum;

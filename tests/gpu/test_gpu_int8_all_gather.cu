@@ -232,8 +232,8 @@ TEST(GpuInt8AllGather, CorruptPayloadsGetTheCpuVerdictAndNothingIsWritten) {
   auto gpu = backend_of(KernelGeneration::kV2);
   const Shape s = shapes()[1];
   const Encoded good = encode_with(*cpu, s, row_of(s, 9));
-  for (size_t at :
-       {size_t{0}, size_t{4}, size_t{8}, size_t{16}, size_t{40}, good.payload.size() - 20}) {
+  for (size_t at : {size_t{0}, size_t{4}, size_t{7}, size_t{8}, size_t{16}, size_t{40},
+                    good.payload.size() - 20}) {
     std::vector<uint8_t> bad = good.payload;
     bad[at] ^= 0x10;
     const int32_t want = cpu::int8_row_verdict(bad.data(), s.runs.data(), 1, s.block);

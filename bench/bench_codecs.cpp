@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_int8_loops.h"
 #include "gradcomp/cpu.h"
 #include "gradcomp/format.h"
 
@@ -150,6 +151,54 @@ void BM_Q4DecodeSum(benchmark::State& state) {
   report(state, static_cast<double>(payload.size()) * world + 4.0 * n);
 }
 
+// The int8 weight all-gather's row codec (one run of one dtype, block 64). Args: elements,
+// dtype, instruction set (-1: best; -2: the element-by-element reference the loops replaced, with
+// the scalar checksum).
+std::vector<uint8_t> int8_payload(const std::vector<uint8_t>& input, const Int8Run& run) {
+  std::vector<uint8_t> payload(int8_row_payload_bytes(&run, 1, 64));
+  cpu::int8_encode_row(input.data(), &run, 1, 64, payload.data());
+  return payload;
+}
+
+void BM_Int8Encode(benchmark::State& state) {
+  const bool reference = state.range(2) == -2;
+  IsaScope isa(state, reference ? 0 : state.range(2));
+  if (!isa.ok()) return;
+  if (reference) state.SetLabel("reference");
+  const auto encode = reference ? cpu::detail::int8_encode_row_reference : cpu::int8_encode_row;
+  const Int8Run run{static_cast<uint8_t>(state.range(1)), state.range(0)};
+  const auto input = make_input(static_cast<DType>(run.dtype), run.numel);
+  std::vector<uint8_t> payload(int8_row_payload_bytes(&run, 1, 64));
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(encode(input.data(), &run, 1, 64, payload.data()));
+    benchmark::ClobberMemory();
+  }
+  report(state, static_cast<double>(input.size() + payload.size()));
+}
+
+// Verdict (header and checksum) and decode of one row, as CompressedAllGather runs per rank.
+void BM_Int8Decode(benchmark::State& state) {
+  const bool reference = state.range(2) == -2;
+  IsaScope isa(state, reference ? 0 : state.range(2));
+  if (!isa.ok()) return;
+  if (reference) state.SetLabel("reference");
+  const auto decode = reference ? cpu::detail::int8_decode_row_reference : cpu::int8_decode_row;
+  const Int8Run run{static_cast<uint8_t>(state.range(1)), state.range(0)};
+  const auto input = make_input(static_cast<DType>(run.dtype), run.numel);
+  const auto payload = int8_payload(input, run);
+  std::vector<uint8_t> output(input.size());
+  for (auto _ : state) {
+    // Under the reference the verdict runs on the portable checksum, the scalar loop it replaced.
+    if (cpu::int8_row_verdict(payload.data(), &run, 1, 64) != kInt8Ok) {
+      state.SkipWithError("the payload does not pass its own verdict");
+      return;
+    }
+    decode(payload.data(), &run, 1, 64, output.data());
+    benchmark::ClobberMemory();
+  }
+  report(state, static_cast<double>(input.size() + payload.size()));
+}
+
 // Args: elements, exact.
 void BM_TopKEncode(benchmark::State& state) {
   const int64_t n = state.range(0);
@@ -287,6 +336,16 @@ BENCHMARK(BM_Q4DecodeSum)
     ->Args({kN, 4, 1, -1})
     ->Args({kN, 4, 2, -1})
     ->Args({kN, 4, 1, 0})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Int8Encode)
+    ->ArgNames({"n", "dtype", "isa"})
+    ->ArgsProduct({{1000000, 25000000}, {0, 2}, {-2, 0, -1}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Int8Decode)
+    ->ArgNames({"n", "dtype", "isa"})
+    ->ArgsProduct({{1000000, 25000000}, {0, 2}, {-2, 0, -1}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_TopKEncode)

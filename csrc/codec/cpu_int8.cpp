@@ -1,112 +1,83 @@
-// The int8 row codec on the host (the reference the CUDA kernels equal byte for byte): encode,
-// the payload verdict, decode, and the CPU backend's int8 operations over them.
-#include <algorithm>
-#include <cmath>
+// The int8 row codec on the host: encode, the payload verdict and decode over the loops of the
+// active instruction set (cpu_int8_loops.h), and the CPU backend's int8 operations over them.
 #include <cstring>
 
+#include "cpu_int8_loops.h"
 #include "gradcomp/cpu.h"
-#include "gradcomp/format.h"
 #include "math/int8_math.h"
 
 namespace gradcomp {
+namespace cpu {
+namespace detail {
+
+uint64_t int8_encode_run(const Int8EncodeRun& run, Isa isa) {
+#if GRADCOMP_X86
+  if (isa != Isa::kPortable) return encode_run_avx2(run);
+#endif
+  (void)isa;
+  return encode_run_portable(run);
+}
+
+void int8_decode_run(const Int8DecodeRun& run, Isa isa) {
+#if GRADCOMP_X86
+  if (isa != Isa::kPortable) return decode_run_avx2(run);
+#endif
+  (void)isa;
+  decode_run_portable(run);
+}
+
+uint64_t int8_body_sum(const uint8_t* body, uint64_t words, Isa isa) {
+#if GRADCOMP_X86
+  if (isa != Isa::kPortable) return body_sum_avx2(body, words);
+#endif
+  (void)isa;
+  return body_sum_portable(body, 0, words);
+}
+
+}  // namespace detail
+
 namespace {
 
-// A row of mixed dtypes need not keep its elements naturally aligned (a bf16 run of odd length
-// before a float32 one, or rows of such a length side by side in FSDP's buffer): the host copies
-// element bytes instead of dereferencing them as floats.
-float load_element(const uint8_t* at, int64_t i, uint8_t dtype) {
-  if (dtype == math::kDtypeF32) {
-    float v;
-    std::memcpy(&v, at + 4 * i, 4);
-    return v;
-  }
-  uint16_t h;
-  std::memcpy(&h, at + 2 * i, 2);
-  return dtype == math::kDtypeF16 ? math::half_to_float(h) : math::bf16_to_float(h);
-}
-
-void store_element(uint8_t* at, int64_t i, uint8_t dtype, float v) {
-  if (dtype == math::kDtypeF32) {
-    std::memcpy(at + 4 * i, &v, 4);
-    return;
-  }
-  const uint16_t h = dtype == math::kDtypeF16 ? math::float_to_half(v) : math::float_to_bf16(v);
-  std::memcpy(at + 2 * i, &h, 2);
-}
-
-// The body checksum of the wire format v2 (docs/format.md, format::body_checksum_term), over the
-// bytes after this payload's shorter header.
-uint64_t body_sum(const uint8_t* payload, uint64_t total) {
-  uint64_t sum = 0;
-  const uint64_t words = (total - kInt8HeaderBytes) / 4;
-  for (uint64_t i = 0; i < words; ++i) {
-    uint32_t w;
-    std::memcpy(&w, payload + kInt8HeaderBytes + 4 * i, 4);
-    sum += format::body_checksum_term(w, i);
-  }
-  return sum;
-}
-
-void write_header(uint8_t* p, uint8_t flags, uint32_t block, int num_runs, uint64_t numel,
-                  uint64_t total) {
-  const uint32_t magic = kInt8PayloadMagic, runs = static_cast<uint32_t>(num_runs);
-  const uint16_t version = kInt8PayloadVersion;
-  std::memset(p, 0, kInt8HeaderBytes);
-  std::memcpy(p, &magic, 4);
-  std::memcpy(p + 4, &version, 2);
-  p[6] = flags;
-  std::memcpy(p + 8, &block, 4);
-  std::memcpy(p + 12, &runs, 4);
-  std::memcpy(p + 16, &numel, 8);
-  const uint64_t sum = body_sum(p, total);
-  std::memcpy(p + 24, &sum, 8);
+uint64_t body_sum(const uint8_t* payload, uint64_t total, Isa isa) {
+  return detail::int8_body_sum(payload + kInt8HeaderBytes, (total - kInt8HeaderBytes) / 4, isa);
 }
 
 }  // namespace
 
-namespace cpu {
-
 uint64_t int8_encode_row(const void* input, const Int8Run* runs, int num_runs, uint32_t block_size,
                          uint8_t* payload) {
+  const Isa isa = active_isa();
   const uint64_t total = int8_row_payload_bytes(runs, num_runs, block_size);
   const uint64_t blocks = int8_row_blocks(runs, num_runs, block_size);
-  const int64_t block = block_size;
+  const uint64_t numel = int8_row_numel(runs, num_runs);
   uint8_t* scales = payload + kInt8HeaderBytes;
-  int8_t* codes = reinterpret_cast<int8_t*>(scales + int8_align16(2 * blocks));
-  std::memset(payload, 0, total);
+  const uint64_t codes_at = kInt8HeaderBytes + int8_align16(2 * blocks);
+  int8_t* codes = reinterpret_cast<int8_t*>(payload + codes_at);
+  // The padding after each section is zero; the loops write every other body byte.
+  std::memset(scales + 2 * blocks, 0, codes_at - kInt8HeaderBytes - 2 * blocks);
+  std::memset(payload + codes_at + numel, 0, total - codes_at - numel);
   const auto* at = static_cast<const uint8_t*>(input);
-  uint64_t block_index = 0, out = 0, row_offset = 0, nonfinite_at = 0;
+  uint64_t row_offset = 0;
   for (int r = 0; r < num_runs; ++r) {
-    const uint8_t dt = runs[r].dtype;
-    for (int64_t start = 0; start < runs[r].numel; start += block) {
-      const int64_t end = std::min<int64_t>(start + block, runs[r].numel);
-      float absmax = 0.0f;
-      bool block_finite = true;
-      for (int64_t i = start; i < end; ++i) {
-        const float a = std::fabs(load_element(at, i, dt));
-        if (!std::isfinite(a) && block_finite && nonfinite_at == 0)
-          nonfinite_at = 1 + row_offset + static_cast<uint64_t>(i);
-        block_finite = block_finite && std::isfinite(a);
-        absmax = a > absmax ? a : absmax;
-      }
-      if (!block_finite) continue;  // the payload is flagged below; its codes are never sent
-      const uint16_t sbits = math::int8_scale_bits(absmax);
-      std::memcpy(scales + 2 * block_index++, &sbits, 2);
-      const float scale = math::bf16_to_float(sbits);
-      for (int64_t i = start; i < end; ++i)
-        codes[out++] = static_cast<int8_t>(math::int8_quantize(load_element(at, i, dt), scale));
+    detail::Int8EncodeRun run;
+    run.input = at;
+    run.dtype = runs[r].dtype;
+    run.numel = runs[r].numel;
+    run.block = static_cast<int>(block_size);
+    run.scales = scales;
+    run.codes = codes + row_offset;
+    const uint64_t bad = detail::int8_encode_run(run, isa);
+    if (bad != 0) {
+      // A NaN weight never reaches the wire as numbers: the flagged payload carries no body.
+      std::memset(payload, 0, total);
+      detail::int8_write_header(payload, kInt8FlagNonfinite, block_size, num_runs, numel, 0);
+      return row_offset + bad;
     }
-    at += runs[r].numel * math::dtype_bytes(dt);
+    scales += 2 * math::int8_num_blocks(static_cast<uint64_t>(runs[r].numel), block_size);
+    at += runs[r].numel * math::dtype_bytes(runs[r].dtype);
     row_offset += static_cast<uint64_t>(runs[r].numel);
   }
-  const uint64_t numel = int8_row_numel(runs, num_runs);
-  if (nonfinite_at != 0) {
-    // A NaN weight never reaches the wire as numbers: the flagged payload carries no body.
-    std::memset(payload, 0, total);
-    write_header(payload, kInt8FlagNonfinite, block_size, num_runs, numel, total);
-    return nonfinite_at;
-  }
-  write_header(payload, 0, block_size, num_runs, numel, total);
+  detail::int8_write_header(payload, 0, block_size, num_runs, numel, body_sum(payload, total, isa));
   return 0;
 }
 
@@ -127,30 +98,31 @@ Int8Verdict int8_row_verdict(const uint8_t* p, const Int8Run* runs, int num_runs
   if (block != block_size || nruns != static_cast<uint32_t>(num_runs) ||
       numel != int8_row_numel(runs, num_runs))
     return kInt8BadLayout;
-  if ((p[6] & ~kInt8FlagNonfinite) != 0) return kInt8BadFlags;
-  if (sum != body_sum(p, total)) return kInt8BadChecksum;
+  // Byte 7 is reserved and always written 0: any other value is a header this build cannot read.
+  if ((p[6] & ~kInt8FlagNonfinite) != 0 || p[7] != 0) return kInt8BadFlags;
+  if (sum != body_sum(p, total, active_isa())) return kInt8BadChecksum;
   return (p[6] & kInt8FlagNonfinite) != 0 ? kInt8Nonfinite : kInt8Ok;
 }
 
 void int8_decode_row(const uint8_t* payload, const Int8Run* runs, int num_runs, uint32_t block_size,
                      void* output) {
+  const Isa isa = active_isa();
   const uint64_t blocks = int8_row_blocks(runs, num_runs, block_size);
-  const int64_t block = block_size;
   const uint8_t* scales = payload + kInt8HeaderBytes;
   const int8_t* codes = reinterpret_cast<const int8_t*>(scales + int8_align16(2 * blocks));
   auto* at = static_cast<uint8_t*>(output);
-  uint64_t block_index = 0, in = 0;
   for (int r = 0; r < num_runs; ++r) {
-    const uint8_t dt = runs[r].dtype;
-    for (int64_t start = 0; start < runs[r].numel; start += block) {
-      const int64_t end = std::min<int64_t>(start + block, runs[r].numel);
-      uint16_t sbits;
-      std::memcpy(&sbits, scales + 2 * block_index++, 2);
-      const float scale = math::bf16_to_float(sbits);
-      for (int64_t i = start; i < end; ++i)
-        store_element(at, i, dt, math::int8_dequantize(codes[in++], scale));
-    }
-    at += runs[r].numel * math::dtype_bytes(dt);
+    detail::Int8DecodeRun run;
+    run.scales = scales;
+    run.codes = codes;
+    run.dtype = runs[r].dtype;
+    run.numel = runs[r].numel;
+    run.block = static_cast<int>(block_size);
+    run.output = at;
+    detail::int8_decode_run(run, isa);
+    scales += 2 * math::int8_num_blocks(static_cast<uint64_t>(runs[r].numel), block_size);
+    codes += runs[r].numel;
+    at += runs[r].numel * math::dtype_bytes(runs[r].dtype);
   }
 }
 

@@ -45,7 +45,7 @@ const char* int8_verdict_text(int32_t verdict) {
     case kInt8BadLayout:
       return "holds another block size, run count or element count than this rank expects";
     case kInt8BadFlags:
-      return "has unknown flags";
+      return "has unknown flags or a nonzero reserved header byte";
     case kInt8BadChecksum:
       return "fails its body checksum (corrupted in transit?)";
     default:

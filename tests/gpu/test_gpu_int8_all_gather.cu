@@ -58,7 +58,9 @@ struct Encoded {
   uint64_t nonfinite_at = 0;
 };
 
-Encoded encode_with(Backend& backend, const Shape& s, const std::vector<uint8_t>& row) {
+// `shift`: bytes between the device allocation (256-byte aligned) and the row on the GPU.
+Encoded encode_with(Backend& backend, const Shape& s, const std::vector<uint8_t>& row,
+                    size_t shift = 0) {
   const int nr = static_cast<int>(s.runs.size());
   const uint64_t slot = int8_row_payload_bytes(s.runs.data(), nr, s.block);
   Encoded out;
@@ -75,10 +77,11 @@ Encoded encode_with(Backend& backend, const Shape& s, const std::vector<uint8_t>
     backend.int8_encode(e);
     return out;
   }
-  DeviceBuffer in(row.data(), row.size()), payload(slot), mark(8);
+  DeviceBuffer in(row.size() + shift), payload(slot), mark(8);
+  GRADCOMP_CUDA_CHECK(cudaMemcpy(in.get() + shift, row.data(), row.size(), cudaMemcpyHostToDevice));
   GRADCOMP_CUDA_CHECK(cudaMemset(payload.get(), 0xAB, slot));  // stale bytes must not survive
   GRADCOMP_CUDA_CHECK(cudaDeviceSynchronize());
-  e.input = in.get();
+  e.input = in.get() + shift;
   e.payload = payload.get();
   e.nonfinite_at = reinterpret_cast<uint64_t*>(mark.get());
   backend.int8_encode(e);
@@ -88,17 +91,18 @@ Encoded encode_with(Backend& backend, const Shape& s, const std::vector<uint8_t>
   return out;
 }
 
-// Decodes `payloads` on the GPU into rows with 64 guard bytes behind them; returns the verdicts
-// and the output with its guard.
+// Decodes `payloads` on the GPU into rows `shift` bytes into a device allocation, with 64 guard
+// bytes behind them; returns the verdicts and the output with its guard (and `shift` bytes before
+// it, which must stay untouched too).
 std::vector<int32_t> decode_on_gpu(Backend& gpu, const Shape& s,
                                    const std::vector<std::vector<uint8_t>>& payloads,
-                                   std::vector<uint8_t>* output) {
+                                   std::vector<uint8_t>* output, size_t shift = 0) {
   const int nr = static_cast<int>(s.runs.size()), w = static_cast<int>(payloads.size());
   const uint64_t slot = payloads[0].size(), row = int8_row_bytes(s.runs.data(), nr);
   std::vector<uint8_t> all;
   for (const auto& p : payloads) all.insert(all.end(), p.begin(), p.end());
-  DeviceBuffer recv(all.data(), all.size()), out(row * w + 64), verdicts(4 * (w + 1));
-  GRADCOMP_CUDA_CHECK(cudaMemset(out.get(), 0x5A, row * w + 64));
+  DeviceBuffer recv(all.data(), all.size()), out(shift + row * w + 64), verdicts(4 * (w + 1));
+  GRADCOMP_CUDA_CHECK(cudaMemset(out.get(), 0x5A, shift + row * w + 64));
   GRADCOMP_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<const uint8_t*> ptrs(w);
   for (int i = 0; i < w; ++i) ptrs[i] = recv.get() + slot * i;
@@ -109,11 +113,13 @@ std::vector<int32_t> decode_on_gpu(Backend& gpu, const Shape& s,
   d.runs = s.runs.data();
   d.num_runs = nr;
   d.block_size = s.block;
-  d.output = out.get();
+  d.output = out.get() + shift;
   d.output_bytes = row * w;
   d.verdicts = reinterpret_cast<int32_t*>(verdicts.get());
   gpu.int8_decode(d);
-  *output = out.host();
+  const std::vector<uint8_t> all_out = out.host();
+  for (size_t i = 0; i < shift; ++i) EXPECT_EQ(all_out[i], 0x5A) << "wrote before the rows";
+  output->assign(all_out.begin() + static_cast<std::ptrdiff_t>(shift), all_out.end());
   std::vector<int32_t> v(w + 1);
   const std::vector<uint8_t> vb = verdicts.host();
   std::memcpy(v.data(), vb.data(), vb.size());
@@ -161,6 +167,46 @@ TEST(GpuInt8AllGather, DecodeEqualsTheCpuAndWritesNothingOutsideItsRows) {
   }
 }
 
+// Runs whose elements and codes start 16-byte aligned (and rows that keep the next row so) take
+// the 16-byte loads and stores; a row shifted by 4 bytes (naturally aligned, not to 16) takes the
+// element-by-element kernels. Both give the CPU's bytes, in every dtype, with partial chunks.
+TEST(GpuInt8AllGather, AlignedAndUnalignedLayoutsBothEqualTheCpu) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend();
+  auto gpu = backend_of(KernelGeneration::kV2);
+  const std::vector<Shape> split = {{{{math::kDtypeF32, 1004}}, 256},
+                                    {{{math::kDtypeBF16, 2048}}, 64},
+                                    {{{math::kDtypeF16, 1040}}, 16},
+                                    {{{math::kDtypeF32, 3 * 4096 + 16}}, 4096},
+                                    {{{math::kDtypeF32, 64}, {math::kDtypeBF16, 520}}, 32}};
+  uint32_t seed = 300;
+  for (const Shape& s : split) {
+    const int nr = static_cast<int>(s.runs.size());
+    const uint64_t row = int8_row_bytes(s.runs.data(), nr);
+    ASSERT_EQ(row % 16, 0u) << "each shape keeps rows side by side aligned";
+    for (size_t shift : {size_t{0}, size_t{4}}) {
+      SCOPED_TRACE(::testing::Message() << "block " << s.block << " shift " << shift);
+      const std::vector<uint8_t> input = row_of(s, seed++);
+      const Encoded want = encode_with(*cpu, s, input), got = encode_with(*gpu, s, input, shift);
+      EXPECT_EQ(got.nonfinite_at, 0u);
+      EXPECT_TRUE(got.payload == want.payload) << first_difference(got.payload, want.payload);
+      std::vector<std::vector<uint8_t>> payloads;
+      std::vector<uint8_t> rows_want;
+      for (int w = 0; w < 3; ++w) {
+        payloads.push_back(encode_with(*cpu, s, row_of(s, seed++)).payload);
+        std::vector<uint8_t> one(row);
+        cpu::int8_decode_row(payloads.back().data(), s.runs.data(), nr, s.block, one.data());
+        rows_want.insert(rows_want.end(), one.begin(), one.end());
+      }
+      std::vector<uint8_t> out;
+      EXPECT_EQ(decode_on_gpu(*gpu, s, payloads, &out, shift), std::vector<int32_t>(4, 0));
+      const std::vector<uint8_t> rows(out.begin(), out.begin() + row * 3);
+      EXPECT_TRUE(rows == rows_want) << first_difference(rows, rows_want);
+      for (size_t i = row * 3; i < out.size(); ++i) ASSERT_EQ(out[i], 0x5A) << "guard byte " << i;
+    }
+  }
+}
+
 TEST(GpuInt8AllGather, NonFiniteRowsAreFlaggedAsOnTheCpuAndNeverDecoded) {
   SKIP_WITHOUT_GPU();
   auto cpu = make_cpu_backend();
@@ -186,8 +232,8 @@ TEST(GpuInt8AllGather, CorruptPayloadsGetTheCpuVerdictAndNothingIsWritten) {
   auto gpu = backend_of(KernelGeneration::kV2);
   const Shape s = shapes()[1];
   const Encoded good = encode_with(*cpu, s, row_of(s, 9));
-  for (size_t at :
-       {size_t{0}, size_t{4}, size_t{8}, size_t{16}, size_t{40}, good.payload.size() - 20}) {
+  for (size_t at : {size_t{0}, size_t{4}, size_t{7}, size_t{8}, size_t{16}, size_t{40},
+                    good.payload.size() - 20}) {
     std::vector<uint8_t> bad = good.payload;
     bad[at] ^= 0x10;
     const int32_t want = cpu::int8_row_verdict(bad.data(), s.runs.data(), 1, s.block);

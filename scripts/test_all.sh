@@ -168,6 +168,10 @@ step "smoke: gradcomp-bench (codec, projection, bad arguments) and the end-to-en
 ./build/bench/gradcomp-bench codec --sizes 1e4 --reps 1 --json > build/bench-smoke.json
 "$venv/bin/python" -c "import json; rows = json.load(open('build/bench-smoke.json')); assert len(rows) == 8, rows"
 ./build/bench/gradcomp-bench project --params 1e9 --link-gbps 25
+# FSDP rows of the model: the ring traffic of fp32 and bf16 exactly, int8 weights smaller than bf16's,
+# and on one GPU per node (the all-to-all crossing each link once, as a ring) q4 below bf16.
+./build/bench/gradcomp-bench project --params 1e9 --link-gbps 25 --gpus-per-node 1 --json > build/project-smoke.json
+"$venv/bin/python" scripts/check_project_fsdp.py build/project-smoke.json 16
 if ./build/bench/gradcomp-bench codec --sizes nope 2>/dev/null; then echo "bad argument accepted"; exit 1; fi
 "$venv/bin/python" bench/e2e.py --world 2 --gbps 1 --steps 2 --warmup 1 --hidden 256 \
   --methods ddp-fp32,bf16-hook,powersgd-r4,gradcomp-q4,gradcomp-topk-dgc,diloco-q4-h20 --digits-epochs 1 \

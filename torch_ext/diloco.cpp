@@ -174,6 +174,11 @@ struct DiLoCo::Impl {
        const CodecSpec& codec, DiLoCoOptions options)
       : params_(std::move(params)), group_(std::move(group)), options_(std::move(options)) {
     options_.outer.validate();  // before any collective, so a bad option fails alike everywhere
+    if (options_.warn_short_run) {
+      const std::string warning = short_run_warning(
+          outer_defaults_kept(options_.outer), options_.outer.inner_steps, options_.planned_steps);
+      if (!warning.empty()) TORCH_WARN(warning);
+    }
     GRADCOMP_CHECK(!params_.empty(), "DiLoCo: no parameters");
     GRADCOMP_CHECK(group_, "DiLoCo: no process group");
     const EngineOptions engine = engine_options(codec);

@@ -359,6 +359,7 @@ PYBIND11_MODULE(_C, m) {
              o.outer.overlap_steps = options["overlap_steps"].cast<uint32_t>();
              o.outer.mixing = options["mixing"].cast<float>();
              o.outer.eager = options["eager"].cast<bool>();
+             o.warn_short_run = false;  // diloco.py warned, knowing which settings were passed
              o.collective_timeout = parse_timeout(options);
              if (!options["intra_node"].is_none()) {
                o.node_groups.intra_node =
@@ -523,6 +524,16 @@ PYBIND11_MODULE(_C, m) {
       "premul_sum_factor",
       [](const py::object& op) { return compat::premul_sum_factor(op.cast<c10d::ReduceOp>()); },
       py::arg("op"));
+  // DiLoCo's short-run warning: the core's rule and numbers (gradcomp/outer_short_run.h).
+  m.def(
+      "diloco_short_run_warning",
+      [](bool defaults_kept, uint32_t inner_steps, uint64_t planned_steps) {
+        return call_core(
+            [&] { return gradcomp::short_run_warning(defaults_kept, inner_steps, planned_steps); });
+      },
+      py::arg("defaults_kept"), py::arg("inner_steps"), py::arg("planned_steps"));
+  m.attr("diloco_short_run_measurements") = gradcomp::short_run_measurements();
+  m.attr("diloco_short_run_rounds") = gradcomp::kShortRunRounds;
   m.def("adaptive_optimizer_warning", [](const py::dict& options) {
     return gradcomp::adaptive_optimizer_warning(parse_codec(options));
   });

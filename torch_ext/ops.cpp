@@ -2,6 +2,7 @@
 #include <torch/library.h>
 
 #include <cstring>
+#include <string>
 
 #include "tensor_params.h"
 
@@ -9,19 +10,24 @@ namespace gradcomp {
 namespace torch_ext {
 namespace {
 
-at::Tensor q4_compress(const at::Tensor& x_in, int64_t block_size, bool stochastic, int64_t seed,
-                       int64_t step) {
-  check_gradient_tensor(x_in, "q4_compress input");
+// One q4 or q2 payload of x (codec format::kCodecQ4 or kCodecQ2; `op` names it in errors).
+at::Tensor block_compress(uint8_t codec, const char* op, const at::Tensor& x_in, int64_t block_size,
+                          bool stochastic, int64_t seed, int64_t step) {
+  const std::string input = std::string(op) + " input";
+  check_gradient_tensor(x_in, input.c_str());
   at::Tensor x = x_in.contiguous();
   const int64_t n = x.numel();
-  const uint64_t bytes =
-      call_core([&] { return q4_payload_bytes(n, static_cast<int>(block_size)); });
+  const uint64_t bytes = call_core([&] {
+    const int block = static_cast<int>(block_size);
+    return codec == format::kCodecQ2 ? q2_payload_bytes(n, block) : q4_payload_bytes(n, block);
+  });
   at::Tensor payload = at::empty({static_cast<int64_t>(bytes)}, x.options().dtype(at::kByte));
   Segment seg = whole_segment(x);
   Q4EncodeParams p;
+  p.codec = codec;
   p.segments = &seg;
   p.num_segments = 1;
-  p.dtype = static_cast<uint8_t>(to_dtype(x.scalar_type(), "q4_compress input"));
+  p.dtype = static_cast<uint8_t>(to_dtype(x.scalar_type(), input.c_str()));
   p.numel = n;
   p.block_size = static_cast<uint32_t>(block_size);
   p.stochastic = stochastic;
@@ -30,6 +36,17 @@ at::Tensor q4_compress(const at::Tensor& x_in, int64_t block_size, bool stochast
   p.payload = payload.data_ptr<uint8_t>();
   call_core([&] { backend_for(x).q4_encode(p); });
   return payload;
+}
+
+at::Tensor q4_compress(const at::Tensor& x, int64_t block_size, bool stochastic, int64_t seed,
+                       int64_t step) {
+  return block_compress(format::kCodecQ4, "q4_compress", x, block_size, stochastic, seed, step);
+}
+
+// On CUDA only under the v2 kernels (the backend refuses q2 by name under v1).
+at::Tensor q2_compress(const at::Tensor& x, int64_t block_size, bool stochastic, int64_t seed,
+                       int64_t step) {
+  return block_compress(format::kCodecQ2, "q2_compress", x, block_size, stochastic, seed, step);
 }
 
 at::Tensor topk_compress(const at::Tensor& x_in, double ratio, bool exact,
@@ -126,12 +143,14 @@ at::Tensor decompress(const at::Tensor& payload_in) {
 
 TORCH_LIBRARY(gradcomp, m) {
   m.def("q4_compress(Tensor x, int block_size, bool stochastic, int seed, int step) -> Tensor");
+  m.def("q2_compress(Tensor x, int block_size, bool stochastic, int seed, int step) -> Tensor");
   m.def("topk_compress(Tensor x, float ratio, bool exact, ScalarType value_dtype) -> Tensor");
   m.def("decompress(Tensor payload) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gradcomp, CPU, m) {
   m.impl("q4_compress", &q4_compress);
+  m.impl("q2_compress", &q2_compress);
   m.impl("topk_compress", &topk_compress);
   m.impl("decompress", &decompress);
 }
@@ -139,6 +158,7 @@ TORCH_LIBRARY_IMPL(gradcomp, CPU, m) {
 #if defined(GRADCOMP_HAVE_CUDA)
 TORCH_LIBRARY_IMPL(gradcomp, CUDA, m) {
   m.impl("q4_compress", &q4_compress);
+  m.impl("q2_compress", &q2_compress);
   m.impl("topk_compress", &topk_compress);
   m.impl("decompress", &decompress);
 }

@@ -1,4 +1,4 @@
-// gradcomp-bench project: a step-time model for data-parallel jobs on multi-GPU nodes.
+// gradcomp-bench project: a step-time model for data-parallel jobs (DDP, FSDP) on multi-GPU nodes.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -59,6 +59,83 @@ Projection project(double p, double gbps, double gpus, double nodes, double nvli
   return r;
 }
 
+// FSDP over all W GPUs (a model): per step two parameter all-gathers (forward, and backward's
+// re-gather) and one gradient reduce-scatter, each GPU holding a 1/W shard.
+struct FsdpProjection {
+  double fp32, bf16, q4, q4_int8;
+  double bf16_node_bytes, q4_node_bytes, q4_int8_node_bytes;
+};
+
+// Wire bytes per element of gradcomp's FSDP collectives, from the core's payload sizes for one
+// rank's shard (headers, scales and padding included): the q4 reduce-scatter's slot to each
+// other rank, and the int8 all-gather's row.
+double q4_reduce_scatter_bytes_per_element(int64_t shard) {
+  CompressionConfig q4;  // q4, block 64, as FsdpHook's default
+  return static_cast<double>(compressed_reduce_scatter_bytes_sent(q4, shard, 2)) / shard;
+}
+double int8_all_gather_bytes_per_element(int64_t shard) {
+  const AllGatherRun row{DType::kFloat32, shard};
+  return static_cast<double>(int8_payload_bytes(&row, 1, 64)) / shard;
+}
+
+FsdpProjection project_fsdp(double p, double gbps, double gpus, double nodes, double codec_gbps,
+                            double overlap) {
+  FsdpProjection r;
+  const double world = gpus * nodes;
+  const int64_t shard = std::max<int64_t>(1, static_cast<int64_t>(p / world));
+  const double link = gbps * 1e9 / 8;
+  const double compute = 6.0 * p * 4096 / 396e12;
+  // FSDP prefetches the next module's all-gather during forward and backward and reduce-scatters
+  // during backward: all of compute can hide communication, not only backward's 2/3.
+  const double hide = overlap * compute;
+  // NCCL's rings (the all-gathers, the uncompressed reduce-scatter) cross each node's link once:
+  // (W-1)/W of the tensor. gradcomp's reduce-scatter is an all-to-all: each of the node's L GPUs
+  // sends a slot to each of the W - L GPUs on other nodes.
+  const double ring = (world - 1) / world * p;
+  const double all_to_all = gpus * (world - gpus) / world * p;
+  const double q4_rs = all_to_all * q4_reduce_scatter_bytes_per_element(shard);
+  const double int8_ag = ring * int8_all_gather_bytes_per_element(shard);
+  // Codec passes of ~8 bytes per element, as the DDP rows: the reduce-scatter encodes the whole
+  // gradient and decodes W slots of the shard; each int8 all-gather encodes the shard and decodes
+  // W rows. int8 at q4's throughput is an assumption (its v2 kernels have not run on a GPU).
+  auto codec = [&](double elements) { return elements * 8.0 / (codec_gbps * 1e9); };
+  const double q4_codec = codec(2.0 * p), int8_codec = 2.0 * codec(p + p / world);
+  auto step = [&](double bytes, double codec_s) {
+    return compute + std::max(0.0, bytes / link + codec_s - hide);
+  };
+  r.fp32 = step(3.0 * ring * 4.0, 0.0);
+  r.bf16_node_bytes = 3.0 * ring * 2.0;  // MixedPrecisionPolicy(param_dtype=reduce_dtype=bf16)
+  r.bf16 = step(r.bf16_node_bytes, 0.0);
+  r.q4_node_bytes = 2.0 * ring * 2.0 + q4_rs;
+  r.q4 = step(r.q4_node_bytes, q4_codec);
+  r.q4_int8_node_bytes = 2.0 * int8_ag + q4_rs;
+  r.q4_int8 = step(r.q4_int8_node_bytes, q4_codec + int8_codec);
+  return r;
+}
+
+void print_fsdp(const std::vector<double>& params, const std::vector<double>& links, double gpus,
+                double nodes, double codec_gbps, double overlap) {
+  std::printf(
+      "\nFSDP, MODEL, not a measurement: the same job sharded over all %g GPUs; per step two "
+      "parameter all-gathers\nand one gradient reduce-scatter, %.0f%% of compute available to "
+      "hide them. q4: gradcomp's reduce-scatter\n(an all-to-all) with bf16 all-gathers; "
+      "q4+int8: and int8 weights on the all-gathers (codec time at q4's\nthroughput, "
+      "assumed).\nWire bytes per element (the core's payload sizes, a 2^20-element shard): q4 "
+      "%.4f, int8 %.4f.\n\n"
+      "%-8s %-10s %10s %10s %10s %11s %13s %10s %15s %9s\n",
+      gpus * nodes, overlap * 100, q4_reduce_scatter_bytes_per_element(1 << 20),
+      int8_all_gather_bytes_per_element(1 << 20), "params", "link", "fp32 ms", "bf16 ms",
+      "q4 rs ms", "q4+int8 ms", "bf16 MB/node", "q4 MB/node", "q4+int8 MB/node", "vs bf16");
+  for (double p : params)
+    for (double gbps : links) {
+      const FsdpProjection r = project_fsdp(p, gbps, gpus, nodes, codec_gbps, overlap);
+      std::printf("%-8.2g %-6g Gb/s %10.1f %10.1f %10.1f %11.1f %13.1f %10.1f %15.1f %8.2fx\n", p,
+                  gbps, r.fp32 * 1e3, r.bf16 * 1e3, r.q4 * 1e3, r.q4_int8 * 1e3,
+                  r.bf16_node_bytes / 1e6, r.q4_node_bytes / 1e6, r.q4_int8_node_bytes / 1e6,
+                  r.bf16 / r.q4_int8);
+    }
+}
+
 }  // namespace
 
 int project_mode(const Args& a) {
@@ -105,14 +182,20 @@ int project_mode(const Args& a) {
   for (double p : params) {
     for (double gbps : links) {
       const Projection r = at(p, gbps);
+      const FsdpProjection f = project_fsdp(p, gbps, gpus, nodes, codec_gbps, overlap);
       if (a.json) {
         std::printf(
             "%s  {\"params\": %g, \"link_gbps\": %g, \"compute_s\": %.5f, \"bf16_step_s\": %.5f, "
             "\"fp8_step_s\": %.5f, \"flat_q4_step_s\": %.5f, \"hier_q4_step_s\": %.5f, "
             "\"diloco_step_s\": %.5f, \"flat_q4_node_bytes\": %.0f, "
-            "\"hier_q4_node_bytes\": %.0f, \"model\": true}",
+            "\"hier_q4_node_bytes\": %.0f, \"fsdp_fp32_step_s\": %.5f, "
+            "\"fsdp_bf16_step_s\": %.5f, \"fsdp_q4_step_s\": %.5f, "
+            "\"fsdp_q4_int8_step_s\": %.5f, \"fsdp_bf16_node_bytes\": %.0f, "
+            "\"fsdp_q4_node_bytes\": %.0f, \"fsdp_q4_int8_node_bytes\": %.0f, "
+            "\"model\": true}",
             first ? "" : ",\n", p, gbps, r.compute, r.bf16, r.fp8, r.flat_q4, r.hier_q4, r.diloco,
-            r.flat_q4_node_bytes, r.hier_q4_node_bytes);
+            r.flat_q4_node_bytes, r.hier_q4_node_bytes, f.fp32, f.bf16, f.q4, f.q4_int8,
+            f.bf16_node_bytes, f.q4_node_bytes, f.q4_int8_node_bytes);
         first = false;
       } else {
         std::printf(
@@ -138,6 +221,7 @@ int project_mode(const Args& a) {
                 speed(stops_paying(p, &Projection::flat_q4)).c_str(),
                 speed(stops_paying(p, &Projection::hier_q4)).c_str(),
                 speed(stops_paying(p, &Projection::diloco)).c_str());
+  print_fsdp(params, links, gpus, nodes, codec_gbps, overlap);
   return 0;
 }
 

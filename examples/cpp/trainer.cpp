@@ -12,10 +12,9 @@
 // another). --worker-cpus auto | inherit | LIST: where the thread compressing the buckets runs.
 // --diloco H: no GradSync; every rank trains alone and every H steps gradcomp::DiLoCo averages
 // the q4 outer gradient (--fragments F: streaming; --overlap-steps T, --mixing A, --eager:
-// Streaming DiLoCo's overlap). --optimizer adamw: AdamW instead of SGD.
-// The other flags serve the
-// tests and benchmarks: checkpoints, gradient dumps, no_sync accumulation, unused parameters, step
-// timing.
+// Streaming DiLoCo's overlap; --outer-lr, --outer-momentum). --optimizer adamw: AdamW instead of
+// SGD. The other flags serve the tests and benchmarks: checkpoints, gradient dumps, no_sync
+// accumulation, unused parameters, step timing.
 #include <gradcomp/torch.h>
 #include <torch/torch.h>
 
@@ -192,6 +191,10 @@ int run(const Flags& f) {
   if (!resume.empty()) torch::load(model, resume + ".model");
   const std::vector<torch::Tensor> params = model->parameters();
 
+  const int64_t batch = f.num("batch", 32);
+  const int64_t per_epoch = x.size(0) / batch;
+  const int64_t total = f.has("steps") ? f.num("steps", 0) : f.num("epochs", 30) * per_epoch;
+
   const std::string codec = f.get("codec", "q4");
   if (!resume.empty() && codec == "allreduce") throw std::runtime_error("--resume needs GradSync");
   std::unique_ptr<gradcomp::GradSync> sync;
@@ -203,6 +206,10 @@ int run(const Flags& f) {
     o.outer.overlap_steps = static_cast<uint32_t>(f.num("overlap-steps", 0));
     o.outer.mixing = static_cast<float>(f.real("mixing", 0.0));
     o.outer.eager = f.has("eager");
+    if (f.has("outer-lr")) o.outer.outer_lr = static_cast<float>(f.real("outer-lr", 0.0));
+    if (f.has("outer-momentum"))
+      o.outer.outer_momentum = static_cast<float>(f.real("outer-momentum", 0.0));
+    o.planned_steps = static_cast<uint64_t>(total);  // for DiLoCo's short-run warning
     // Mid-round each rank's parameters are its own: a resumed run keeps what it loaded.
     o.broadcast_parameters = resume.empty();
     diloco = std::make_unique<gradcomp::DiLoCo>(params, group, codec_spec(f), o);
@@ -239,9 +246,6 @@ int run(const Flags& f) {
   torch::optim::Optimizer& opt = *optimizer;
   if (sync) gradcomp::check_optimizer(opt, codec_spec(f));
 
-  const int64_t batch = f.num("batch", 32);
-  const int64_t per_epoch = x.size(0) / batch;
-  const int64_t total = f.has("steps") ? f.num("steps", 0) : f.num("epochs", 30) * per_epoch;
   const int64_t accumulate = f.num("accumulate", 1);
   int64_t start = 0;
   if (f.has("resume")) {

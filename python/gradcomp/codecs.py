@@ -243,10 +243,13 @@ def compress(tensor: torch.Tensor, codec=None, *, step: int = 0) -> torch.Tensor
     if isinstance(codec, Q4):
         return torch.ops.gradcomp.q4_compress(tensor.reshape(-1), codec.block_size,
                                               codec.rounding == "stochastic", codec.seed, step)
+    if isinstance(codec, Q2):  # on CUDA under the v2 kernels only (GRADCOMP_KERNELS=v2), refused by name else
+        return torch.ops.gradcomp.q2_compress(tensor.reshape(-1), codec.block_size,
+                                              codec.rounding == "stochastic", codec.seed, step)
     if isinstance(codec, TopK):
         return torch.ops.gradcomp.topk_compress(tensor.reshape(-1), float(codec.ratio), codec.exact,
                                                 codec.value_dtype)
-    raise ValueError(f"compress needs a Q4 or TopK codec (Q2 has no standalone compress yet), got {codec!r}")
+    raise ValueError(f"compress needs a Q4, Q2 or TopK codec, got {codec!r}")
 
 
 def decompress(payload: torch.Tensor) -> torch.Tensor:

@@ -23,17 +23,11 @@ from .ddp import node_groups
 __all__ = ["diloco", "DiLoCo"]
 
 # The outer defaults (lr 0.7, Nesterov momentum 0.9) are the DiLoCo papers', tuned on runs of tens of thousands
-# of steps; on the short runs measured here (docs/api.md, "DiLoCo's outer settings on short runs") they cost
-# several times the loss of outer lr 1.0, momentum 0.3. Below this many planned rounds diloco() says so.
-SHORT_RUN_ROUNDS = 100
-SHORT_RUN_WARNING = (
-    "gradcomp DiLoCo: the default outer settings (outer_lr=0.7, outer_momentum=0.9, Nesterov: the DiLoCo papers', "
-    "for long runs of tens of thousands of steps) {why}. On short runs they were measured at {measured}. "
-    "Pass outer_lr and outer_momentum (e.g. outer_lr=1.0, outer_momentum=0.3) to choose, or "
-    "planned_steps=<inner steps of the run> when it has >= {rounds} rounds (docs/api.md)")
-SHORT_RUN_MEASURED = ("+6.5 % loss above dense after 300 steps at H = 20 (15 rounds; +8.6 % after 400 steps, 3 seeds) "
-                      "on bench/convergence.py's LM, against +2.2 % (+3.4 %) with outer_lr=1.0, outer_momentum=0.3; "
-                      "a user's LM: +17.8 % against +5.6 %")
+# of steps; on the short runs measured (docs/api.md, "DiLoCo's outer settings on short runs") they cost several
+# times the loss of outer lr 1.0, momentum 0.3. The rule and the numbers are the core's (gradcomp/outer_short_run.h),
+# so the C++ front end warns alike.
+SHORT_RUN_ROUNDS = _C.diloco_short_run_rounds
+SHORT_RUN_MEASURED = _C.diloco_short_run_measurements
 
 
 def _positive_int(name, value, low=1):
@@ -194,18 +188,13 @@ def _warn_if_short_run_defaults(options) -> None:
     planned = options.pop("planned_steps", None)
     if planned is not None:
         _positive_int("planned_steps", planned)
-    if "outer_lr" in options or "outer_momentum" in options:
-        return
     inner_steps = options.get("inner_steps", 100)
     _positive_int("inner_steps", inner_steps)
-    if planned is None:
-        why = "are kept, and the run's length is unknown (planned_steps not given)"
-    elif planned // inner_steps < SHORT_RUN_ROUNDS:
-        why = f"are kept for a run of {planned // inner_steps} rounds ({planned} steps at H = {inner_steps})"
-    else:
-        return
-    warnings.warn(SHORT_RUN_WARNING.format(why=why, measured=SHORT_RUN_MEASURED, rounds=SHORT_RUN_ROUNDS),
-                  UserWarning, stacklevel=3)
+    # Passed settings count as chosen even when they equal the defaults (C++ can only compare values).
+    kept = "outer_lr" not in options and "outer_momentum" not in options
+    warning = _C.diloco_short_run_warning(kept, inner_steps, 0 if planned is None else planned)
+    if warning:
+        warnings.warn(warning, UserWarning, stacklevel=3)
 
 
 def _rank() -> int:

@@ -171,6 +171,47 @@ def test_standalone_compress_roundtrip(dtype):
     assert torch.equal(t[kept], x[kept])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_standalone_q2_compress_roundtrip(dtype):
+    """gradcomp.compress(x, Q2()) through the core's CPU codec: 2-bit codes, four levels (c - 1.5) d per block of
+    64, d the smallest bfloat16 step with 1.5 d >= the block's largest |x|; about half of q4's bytes."""
+    x = torch.randn(10007).to(dtype)
+    payload = gradcomp.compress(x, gradcomp.Q2(rounding="nearest"))
+    q4 = gradcomp.compress(x, gradcomp.Q4(rounding="nearest"))
+    assert payload.dtype == torch.uint8 and payload.numel() < 0.55 * q4.numel()
+    y = gradcomp.decompress(payload)
+    assert y.dtype == dtype and y.shape == (10007,)
+    blocks = torch.nn.functional.pad(x.float().abs(), (0, 10048 - 10007)).reshape(-1, 64).amax(dim=1)
+    step = (blocks / 1.5 * (1 + 2.0 ** -7)).repeat_interleave(64)[:10007]  # d rounds A / 1.5 up to bf16
+    tolerance = 0.0 if dtype == torch.float32 else 2.0 ** -7  # rounding of the 16-bit output
+    assert ((y.float() - x.float()).abs() <= step * 0.5 * (1 + 1e-5) + x.float().abs() * tolerance).all()
+    if dtype == torch.float32:
+        levels = torch.nn.functional.pad(y, (0, 10048 - 10007), value=float(y[-1])).reshape(-1, 64)
+        assert all(torch.unique(row).numel() <= 4 for row in levels)
+    # Stochastic rounding: reproducible per (seed, step), unbiased over seeds.
+    q2 = gradcomp.Q2(seed=5)
+    assert torch.equal(gradcomp.compress(x, q2, step=3), gradcomp.compress(x, q2, step=3))
+    assert not torch.equal(gradcomp.compress(x, q2, step=3), gradcomp.compress(x, q2, step=4))
+    if dtype == torch.float32:
+        mean = torch.stack([gradcomp.decompress(gradcomp.compress(x, gradcomp.Q2(seed=s))) for s in range(400)]).mean(0)
+        # each decode errs by at most d with variance <= d^2 / 4: the mean's deviation <= d / 40 (s.d.)
+        assert ((mean - x).abs() <= step / 40 * 6).all()
+
+
+def test_decompress_refuses_corrupt_q2_payloads_by_name():
+    payload = gradcomp.compress(torch.randn(1000), gradcomp.Q2())
+    bad = payload.clone()
+    bad[-5] ^= 1
+    with pytest.raises(RuntimeError, match=r"q2 decode: payload 0 \(from rank 0\) rejected: body checksum"):
+        gradcomp.decompress(bad)
+    with pytest.raises(RuntimeError, match="shorter than the 64-byte header"):
+        gradcomp.decompress(payload[:30])
+    with pytest.raises(RuntimeError, match="payload shorter than its header says"):
+        gradcomp.decompress(payload[:-16])
+    with pytest.raises(ValueError, match="Q2 block_size"):
+        gradcomp.compress(torch.randn(8), gradcomp.Q2(block_size=48))
+
+
 def test_decompress_rejects_corrupt_payloads():
     payload = gradcomp.compress(torch.randn(1000), gradcomp.TopK(ratio=0.05))
     bad = payload.clone()

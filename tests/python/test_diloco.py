@@ -28,8 +28,6 @@ def test_q2_is_refused_by_the_per_step_front_ends_by_name():
             make()
     with pytest.raises(ValueError, match="Q2 block_size"):
         gradcomp.Q2(block_size=48)
-    with pytest.raises(ValueError, match="Q2 has no standalone compress"):
-        gradcomp.compress(torch.zeros(8), gradcomp.Q2())
 
 
 def test_q2_kernels_option_is_validated_and_handed_to_the_core():

@@ -206,6 +206,19 @@ def test_cpp_diloco_eager_updates_train_and_resume_bit_for_bit_with_a_round_in_f
         assert a.size > 0 and np.array_equal(a.view(np.int32), b.view(np.int32))
 
 
+def test_cpp_diloco_warns_once_on_a_short_run_with_the_default_outer_settings(data):
+    """gradcomp::DiLoCo with the papers' outer defaults and planned_steps giving 2 rounds warns once per rank
+    with the core's numbers; chosen outer settings, or planned_steps of 100 rounds, keep it quiet."""
+    common = ["--data", data, "--codec", "q4", "--optimizer", "adamw", "--lr", 0.003, "--diloco", 10]
+    run = launch(2, common + ["--steps", 20])
+    assert run.stderr.count("are kept for a run of 2 rounds (20 steps at H = 10)") == 2, run.stderr[-3000:]
+    assert "+6.5 % loss above dense after 300 steps at H = 20" in run.stderr
+    chosen = launch(2, common + ["--steps", 20, "--outer-lr", 1.0, "--outer-momentum", 0.3])
+    assert "gradcomp DiLoCo: the default outer settings" not in chosen.stderr
+    long = launch(2, ["--data", data, "--codec", "q4", "--diloco", 1, "--steps", 100])
+    assert "gradcomp DiLoCo: the default outer settings" not in long.stderr
+
+
 def test_cpp_check_optimizer_warns_for_topk_with_adamw(data):
     run = launch(2, ["--data", data, "--codec", "topk", "--optimizer", "adamw", "--lr", 0.003, "--steps", 3])
     assert "TopK with an adaptive optimizer" in run.stderr, run.stderr[-2000:]

@@ -11,6 +11,7 @@
 #include "gradcomp/format.h"
 #include "gradcomp/inprocess_group.h"
 #include "gradcomp/launch_env.h"
+#include "gradcomp/outer_short_run.h"
 #include "gradcomp/outer_sync.h"
 #include "gradcomp/reduce_scatter.h"
 #include "gradcomp/shm_communicator.h"

@@ -167,6 +167,13 @@ struct DiLoCoOptions {
   // Ranks per node for the hierarchical allreduce of the outer gradient (as GradSync's).
   int local_world_size = 1;
   NodeProcessGroups node_groups;
+  // The inner steps the run will take (0: unknown), for the short-run warning only: with the
+  // default outer settings and fewer than kShortRunRounds rounds, or an unknown length, the
+  // DiLoCo warns once, when it is made, with the measured numbers (short_run_warning).
+  uint64_t planned_steps = 0;
+  // false: no short-run warning (the defaults chosen knowingly, or a front end that warned
+  // already: the Python one tells passed settings from defaults, which C++ cannot).
+  bool warn_short_run = true;
 };
 
 // DiLoCo: every rank trains with its own optimizer, and every H inner steps the outer gradient

@@ -114,6 +114,9 @@ class CudaBackend final : public Backend {
   void q4_encode(const Q4EncodeParams& p) override {
     check_codec(p.codec);
     check_params(p, p.codec == format::kCodecQ2 ? "q2 encode" : "q4 encode");
+    GRADCOMP_CHECK(p.nan_head == nullptr || v2_,
+                   "q4 encode: a device NaN-head flag (the reduce-scatter's non-finite poison) "
+                   "needs the v2 kernels (GRADCOMP_KERNELS=v2)");
     Q4EncodeParams d = p;
     d.segments_host = p.segments;
     TableSlot& slot = stage_segments(d.segments, p.num_segments);
@@ -156,9 +159,10 @@ class CudaBackend final : public Backend {
     GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
   void scan_nonfinite(const NonfiniteScanParams& p) override {
-    // The status word is the backend's, as on the CPU: the params are checked with it in place.
+    // The backend's status word unless the caller gave its own, as on the CPU: the params are
+    // checked with it in place.
     NonfiniteScanParams d = p;
-    d.nonfinite = reinterpret_cast<uint32_t*>(flags_ + kNonfinite);
+    if (d.nonfinite == nullptr) d.nonfinite = reinterpret_cast<uint32_t*>(flags_ + kNonfinite);
     check_params(d, "non-finite scan");
     TableSlot& slot = stage_segments(d.segments, p.num_segments);
     GRADCOMP_CUDA_CHECK(kernels::run_nonfinite_scan(d, stream_));

@@ -65,6 +65,7 @@ struct CompressedReduceScatter::Bucket {
   int current = 0;  // which residual buffer holds the committed residual
   Buffer residual[2];
   Buffer send, recv, workspace, nan;
+  Buffer poison;  // v2 on CUDA: the input's non-finite flag, read by the q4 encodes on the device
   uint64_t slot_bytes = 0;
 };
 
@@ -82,6 +83,8 @@ CompressedReduceScatter::CompressedReduceScatter(Communicator& comm, Backend& ba
                  "the compressed reduce-scatter takes top-k without remedies (warm-up, momentum "
                  "correction, clipping): they are defined on a whole bucket's allreduce");
   pending_.seed = config_.seed;
+  device_poison_ = backend_.is_cuda() && config_.codec == Codec::kQ4 &&
+                   resolve_kernel_generation(config_.kernels) == KernelGeneration::kV2;
 }
 
 CompressedReduceScatter::~CompressedReduceScatter() = default;
@@ -119,6 +122,7 @@ CompressedReduceScatter::Bucket& CompressedReduceScatter::bucket_for(
   const std::vector<uint8_t> nan = nan_bytes(r.dtype);
   b->nan = Buffer(backend_, nan.size());
   backend_.copy_from_host(b->nan.get(), nan.data(), nan.size());
+  if (device_poison_) b->poison = Buffer(backend_, sizeof(uint32_t));
   if (config_.codec == Codec::kTopK) {
     const size_t ws = backend_.topk_workspace_bytes(r.shard_numel);
     if (ws > 0) b->workspace = Buffer(backend_, ws);
@@ -177,15 +181,28 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
   const uint8_t code = static_cast<uint8_t>(r.dtype);
 
   // A non-finite input is sent as a NaN at the head of every row, so that every rank learns of it.
-  backend_.take_decode_status();
+  // v1 (and top-k): the host reads the scan's flag and builds row tables with a NaN head. v2 q4
+  // on CUDA: the scan writes the bucket's own device word and every row's encode reads it
+  // (Q4EncodeParams::nan_head), so nothing waits; the backend's status words are read again only
+  // after a call that did not finish (they may hold its leftovers).
   const Segment whole{const_cast<uint8_t*>(input), 0, b.shard * world};
   NonfiniteScanParams scan;
   scan.segments = &whole;
   scan.num_segments = 1;
   scan.dtype = code;
   scan.numel = whole.numel;
-  backend_.scan_nonfinite(scan);
-  const bool poisoned = backend_.take_decode_status();
+  bool poisoned = false;
+  if (device_poison_) {
+    if (!status_clean_) backend_.take_decode_status();
+    status_clean_ = false;
+    backend_.fill_zero(b.poison.get(), sizeof(uint32_t));
+    scan.nonfinite = reinterpret_cast<uint32_t*>(b.poison.get());
+    backend_.scan_nonfinite(scan);
+  } else {
+    backend_.take_decode_status();
+    backend_.scan_nonfinite(scan);
+    poisoned = backend_.take_decode_status();
+  }
 
   for (int row = 0; row < world; ++row) {
     uint8_t* at = const_cast<uint8_t*>(input) + static_cast<size_t>(b.shard) * row * esize;
@@ -203,6 +220,7 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
                        static_cast<uint32_t>(comm_.rank()), kFirstRowPhase + row};
       Q4EncodeParams e =
           detail::q4_encode_params(segments, num_segments, code, 0, b.shard, config_, key, payload);
+      if (device_poison_) e.nan_head = reinterpret_cast<const uint32_t*>(b.poison.get());
       if (ef) {
         e.residual_in = b.residual[b.current].get() + roff;
         e.residual_out = b.residual[b.current ^ 1].get() + roff;
@@ -266,6 +284,7 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
   } catch (const PayloadError& e) {
     throw PayloadError(rejection_naming_rank(b, e.what()));
   }
+  status_clean_ = true;
   if (config_.error_feedback && !nonfinite) b.current ^= 1;
   rounds_.done(r.bucket_id);
   return !nonfinite;

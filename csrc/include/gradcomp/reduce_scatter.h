@@ -83,8 +83,9 @@ class CompressedReduceScatter {
 
   // Returns false when the output holds non-finite values (the residual is then left as it was).
   // A payload that fails its checks raises an Error naming the sending rank, with the output and
-  // the residual untouched. On a CUDA backend it waits for the device twice (the input's
-  // non-finite check and the result's).
+  // the residual untouched. On a CUDA backend it waits for the device three times (clearing the
+  // status words, the input's non-finite check, the result's verdict); with the v2 kernels and q4
+  // once (the verdict): the input's check is a device flag the encodes read.
   bool reduce_scatter(const ReduceScatterRequest& request);
 
   // The step the next new round of buckets uses, as a checkpoint records it.
@@ -112,6 +113,11 @@ class CompressedReduceScatter {
   StepRounds rounds_;
   std::map<uint64_t, std::unique_ptr<Bucket>> buckets_;
   CompressionState pending_;  // loaded residuals of buckets not yet seen
+  // v2 q4 on CUDA: the poison decision stays on the device (Q4EncodeParams::nan_head).
+  bool device_poison_ = false;
+  // The backend's status words were read at the end of the last call (it finished): the next
+  // call need not read them first.
+  bool status_clean_ = true;
 };
 
 }  // namespace gradcomp

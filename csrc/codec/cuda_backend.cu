@@ -10,6 +10,7 @@
 #include "gradcomp/format.h"
 #include "launchers.h"
 #include "params_checks.h"
+#include "v2/end_bucket_v2.h"
 #include "v2/launchers_v2.h"
 
 namespace gradcomp {
@@ -212,7 +213,9 @@ class CudaBackend final : public Backend {
     EndBucketParams e = ::gradcomp::detail::end_bucket_params(pairs, count, "end_bucket");
     e.nonfinite = reinterpret_cast<const uint32_t*>(flags_ + kNonfinite);
     e.nonfinite_buckets = reinterpret_cast<uint32_t*>(flags_ + kNonfiniteBuckets);
-    GRADCOMP_CUDA_CHECK(kernels::run_end_bucket(e, stream_));
+    // v2: a rejected payload (the decoders wrote nothing) keeps the committed residuals too.
+    GRADCOMP_CUDA_CHECK(v2_ ? kernels::v2::run_end_bucket(e, flags_ + kStatus, stream_)
+                            : kernels::run_end_bucket(e, stream_));
     GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kNonfinite, 0, sizeof(int32_t), stream_));
   }
   uint64_t take_nonfinite_buckets() override {

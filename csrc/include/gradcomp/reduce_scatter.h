@@ -87,9 +87,10 @@ class CompressedReduceScatter {
   // the residual untouched. On a CUDA backend it waits for the device three times (clearing the
   // status words, the input's non-finite check, the result's verdict).
   //
-  // With the v2 kernels and q4 on CUDA it does not wait: the input's non-finite check is a device
-  // flag the encodes read, and the verdict is the device's (a rejected payload or a non-finite
-  // result keeps the residual, a rejected one writes no output). It then returns true; the
+  // With the v2 kernels and q4 on CUDA it does not wait after a bucket's first call (which
+  // allocates and checks the layout): the input's non-finite check is a device flag the encodes
+  // read, and the verdict is the device's (a rejected payload or a non-finite result keeps the
+  // residual, a rejected one writes no output). It then returns true; the
   // non-finite buckets are counted by take_nonfinite_buckets() once read. A rejected payload
   // raises its error (naming the bucket and the sending rank) from a later call: the first whose
   // non-blocking read finds the verdict, at the latest the next call of the same bucket (which

@@ -43,6 +43,10 @@ struct Q4EncodeParams {
   bool stochastic = true;
   math::RngKey rng = {0, 0, 0, 0, 0};
   uint8_t* payload = nullptr;  // q4_payload_bytes (q2_payload_bytes) of numel, block_size
+  // Optional word in the backend's memory (the reduce-scatter's poison flag, set by a non-finite
+  // scan): when it is non-zero, element `begin` is read as NaN, so the payload says non-finite
+  // without the host reading the flag. CUDA: v2 kernels only.
+  const uint32_t* nan_head = nullptr;
 };
 
 // Decodes num_payloads q4 (or q2) payloads of `numel` elements each, sums them in fp32 in payload
@@ -172,6 +176,8 @@ struct NonfiniteScanParams {
   int num_segments = 0;
   uint8_t dtype = math::kDtypeF32;
   int64_t numel = 0;  // of all segments together, from the first one's offset
+  // Null: the backend's own non-finite flag (take_decode_status() reads it). Otherwise a word of
+  // the caller's in the backend's memory, e.g. a Q4EncodeParams::nan_head.
   uint32_t* nonfinite = nullptr;
 };
 

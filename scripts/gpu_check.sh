@@ -52,6 +52,16 @@ compute-sanitizer --tool memcheck --error-exitcode 3 ./build-gpu/tests/gradcomp_
   --gtest_filter='GpuInt8AllGather.*' > "$out/issue35-memcheck.log" 2>&1 &&
   echo "issue 35 memcheck: clean" || { echo "issue 35 memcheck: FAILED"; status=1; }
 # ---- end of issue 35's block
+# ---- issue 35 (the FSDP reduce-scatter without host waits, v2 kernels): byte equality with the CPU
+# reduce-scatter over rounds with error feedback and a poisoned round, a corrupt payload raised by
+# name at flush() and at the bucket's next call, then the same under memcheck.
+./build-gpu/tests/gradcomp_gpu_tests --gtest_filter='GpuReduceScatterNoWait.*' > "$out/rs-no-wait.log" 2>&1 &&
+  grep -q '\[  PASSED  \] 2 tests' "$out/rs-no-wait.log" && echo "reduce-scatter without host waits: ok" ||
+  { echo "reduce-scatter without host waits: FAILED"; tail -20 "$out/rs-no-wait.log"; status=1; }
+compute-sanitizer --tool memcheck --error-exitcode 3 ./build-gpu/tests/gradcomp_gpu_tests \
+  --gtest_filter='GpuReduceScatterNoWait.*' > "$out/rs-no-wait-memcheck.log" 2>&1 &&
+  echo "reduce-scatter without host waits, memcheck: clean" || { echo "reduce-scatter without host waits, memcheck: FAILED"; status=1; }
+# ---- end of the reduce-scatter-without-host-waits block
 echo "tests: $(( $(date +%s) - t0 )) s"
 
 # The DDP hook and GradSync on the GPU: the torch layer built against the machine's torch (2.7 or

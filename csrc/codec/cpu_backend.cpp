@@ -1,5 +1,7 @@
 // The CPU backend: the reference codecs behind the Backend interface, on host memory.
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "gradcomp/backend.h"
 #include "gradcomp/cpu.h"
@@ -9,6 +11,27 @@ namespace gradcomp {
 namespace {
 
 using detail::check_backend_workspace;
+
+// The segment table of `p` with element p.begin read from `nan` (one NaN of p.dtype): what a set
+// Q4EncodeParams::nan_head means, as the reduce-scatter's host path builds it.
+std::vector<Segment> segments_with_nan_head(const Q4EncodeParams& p, void* nan) {
+  std::vector<Segment> out{{nan, p.begin, 1}};
+  const int64_t esize = math::dtype_bytes(p.dtype);
+  for (int i = 0; i < p.num_segments; ++i) {
+    const Segment& s = p.segments[i];
+    const int64_t end = s.offset + s.numel;
+    const int64_t from = std::max(s.offset, p.begin + 1);
+    if (end <= from) continue;
+    out.push_back({static_cast<char*>(s.data) + (from - s.offset) * esize, from, end - from});
+  }
+  return out;
+}
+
+// One NaN of `dtype` in the low bytes of a word (little-endian, as the codecs read it).
+uint32_t nan_word(uint8_t dtype) {
+  if (dtype == math::kDtypeF32) return 0x7fc00000u;
+  return dtype == math::kDtypeBF16 ? 0x7fc0u : 0x7e00u;
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -25,6 +48,15 @@ class CpuBackend final : public Backend {
   }
   void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void q4_encode(const Q4EncodeParams& p) override {
+    if (p.nan_head != nullptr && *p.nan_head != 0 && p.numel > 0 && p.segments != nullptr) {
+      uint32_t nan = nan_word(p.dtype);
+      const std::vector<Segment> table = segments_with_nan_head(p, &nan);
+      Q4EncodeParams q = p;
+      q.segments = table.data();
+      q.num_segments = static_cast<int>(table.size());
+      q.nan_head = nullptr;
+      return q4_encode(q);
+    }
     if (p.codec == format::kCodecQ2) {
       cpu::q2_encode(p, threads_);
     } else {
@@ -57,7 +89,7 @@ class CpuBackend final : public Backend {
   void topk_mask(const TopKMaskParams& p) override { cpu::topk_mask(p); }
   void scan_nonfinite(const NonfiniteScanParams& p) override {
     NonfiniteScanParams q = p;
-    q.nonfinite = &nonfinite_;
+    if (q.nonfinite == nullptr) q.nonfinite = &nonfinite_;
     cpu::scan_nonfinite(q);
   }
   size_t topk_workspace_bytes(int64_t numel) const override {

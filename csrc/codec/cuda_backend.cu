@@ -10,6 +10,7 @@
 #include "gradcomp/format.h"
 #include "launchers.h"
 #include "params_checks.h"
+#include "v2/end_bucket_v2.h"
 #include "v2/launchers_v2.h"
 
 namespace gradcomp {
@@ -114,6 +115,9 @@ class CudaBackend final : public Backend {
   void q4_encode(const Q4EncodeParams& p) override {
     check_codec(p.codec);
     check_params(p, p.codec == format::kCodecQ2 ? "q2 encode" : "q4 encode");
+    GRADCOMP_CHECK(p.nan_head == nullptr || v2_,
+                   "q4 encode: a device NaN-head flag (the reduce-scatter's non-finite poison) "
+                   "needs the v2 kernels (GRADCOMP_KERNELS=v2)");
     Q4EncodeParams d = p;
     d.segments_host = p.segments;
     TableSlot& slot = stage_segments(d.segments, p.num_segments);
@@ -156,9 +160,10 @@ class CudaBackend final : public Backend {
     GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
   void scan_nonfinite(const NonfiniteScanParams& p) override {
-    // The status word is the backend's, as on the CPU: the params are checked with it in place.
+    // The backend's status word unless the caller gave its own, as on the CPU: the params are
+    // checked with it in place.
     NonfiniteScanParams d = p;
-    d.nonfinite = reinterpret_cast<uint32_t*>(flags_ + kNonfinite);
+    if (d.nonfinite == nullptr) d.nonfinite = reinterpret_cast<uint32_t*>(flags_ + kNonfinite);
     check_params(d, "non-finite scan");
     TableSlot& slot = stage_segments(d.segments, p.num_segments);
     GRADCOMP_CUDA_CHECK(kernels::run_nonfinite_scan(d, stream_));
@@ -208,7 +213,9 @@ class CudaBackend final : public Backend {
     EndBucketParams e = ::gradcomp::detail::end_bucket_params(pairs, count, "end_bucket");
     e.nonfinite = reinterpret_cast<const uint32_t*>(flags_ + kNonfinite);
     e.nonfinite_buckets = reinterpret_cast<uint32_t*>(flags_ + kNonfiniteBuckets);
-    GRADCOMP_CUDA_CHECK(kernels::run_end_bucket(e, stream_));
+    // v2: a rejected payload (the decoders wrote nothing) keeps the committed residuals too.
+    GRADCOMP_CUDA_CHECK(v2_ ? kernels::v2::run_end_bucket(e, flags_ + kStatus, stream_)
+                            : kernels::run_end_bucket(e, stream_));
     GRADCOMP_CUDA_CHECK(cudaMemsetAsync(flags_ + kNonfinite, 0, sizeof(int32_t), stream_));
   }
   uint64_t take_nonfinite_buckets() override {

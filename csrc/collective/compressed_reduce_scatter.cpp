@@ -1,5 +1,6 @@
 // The compressed reduce-scatter: rows encoded one by one, an all-to-all, the own row decoded and
 // reduced in fp32; residuals per bucket and their checkpoint.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -65,6 +66,7 @@ struct CompressedReduceScatter::Bucket {
   int current = 0;  // which residual buffer holds the committed residual
   Buffer residual[2];
   Buffer send, recv, workspace, nan;
+  Buffer poison;  // v2 q4 on CUDA: the input's non-finite flag, read by the encodes on the device
   uint64_t slot_bytes = 0;
 };
 
@@ -82,6 +84,8 @@ CompressedReduceScatter::CompressedReduceScatter(Communicator& comm, Backend& ba
                  "the compressed reduce-scatter takes top-k without remedies (warm-up, momentum "
                  "correction, clipping): they are defined on a whole bucket's allreduce");
   pending_.seed = config_.seed;
+  device_decides_ = backend_.is_cuda() && config_.codec == Codec::kQ4 &&
+                    resolve_kernel_generation(config_.kernels) == KernelGeneration::kV2;
 }
 
 CompressedReduceScatter::~CompressedReduceScatter() = default;
@@ -119,6 +123,7 @@ CompressedReduceScatter::Bucket& CompressedReduceScatter::bucket_for(
   const std::vector<uint8_t> nan = nan_bytes(r.dtype);
   b->nan = Buffer(backend_, nan.size());
   backend_.copy_from_host(b->nan.get(), nan.data(), nan.size());
+  if (device_decides_) b->poison = Buffer(backend_, sizeof(uint32_t));
   if (config_.codec == Codec::kTopK) {
     const size_t ws = backend_.topk_workspace_bytes(r.shard_numel);
     if (ws > 0) b->workspace = Buffer(backend_, ws);
@@ -169,6 +174,15 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
     check_layout(b);
     b.layout_checked = true;
   }
+  if (device_decides_) {
+    // Earlier calls' verdicts: picked up when the device has passed them; waited for only when
+    // this bucket's last call is still unread (its received bytes, which name a rejected
+    // sender, are about to be overwritten). A rejection raises here, before anything is queued.
+    const bool repeat = std::any_of(unread_.begin(), unread_.end(),
+                                    [&](const UnreadCall& c) { return c.bucket == r.bucket_id; });
+    read_verdicts(repeat);
+  }
+  const StepRounds rounds_before = rounds_;
   const uint32_t step = rounds_.step_for(r.bucket_id);
   const int world = comm_.world_size();
   const size_t esize = dtype_size(r.dtype);
@@ -177,15 +191,25 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
   const uint8_t code = static_cast<uint8_t>(r.dtype);
 
   // A non-finite input is sent as a NaN at the head of every row, so that every rank learns of it.
-  backend_.take_decode_status();
+  // v1 (and top-k): the host reads the scan's flag and builds row tables with a NaN head. v2 q4
+  // on CUDA: the scan writes the bucket's own device word and every row's encode reads it
+  // (Q4EncodeParams::nan_head), so nothing waits.
   const Segment whole{const_cast<uint8_t*>(input), 0, b.shard * world};
   NonfiniteScanParams scan;
   scan.segments = &whole;
   scan.num_segments = 1;
   scan.dtype = code;
   scan.numel = whole.numel;
-  backend_.scan_nonfinite(scan);
-  const bool poisoned = backend_.take_decode_status();
+  bool poisoned = false;
+  if (device_decides_) {
+    backend_.fill_zero(b.poison.get(), sizeof(uint32_t));
+    scan.nonfinite = reinterpret_cast<uint32_t*>(b.poison.get());
+    backend_.scan_nonfinite(scan);
+  } else {
+    backend_.take_decode_status();
+    backend_.scan_nonfinite(scan);
+    poisoned = backend_.take_decode_status();
+  }
 
   for (int row = 0; row < world; ++row) {
     uint8_t* at = const_cast<uint8_t*>(input) + static_cast<size_t>(b.shard) * row * esize;
@@ -203,6 +227,7 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
                        static_cast<uint32_t>(comm_.rank()), kFirstRowPhase + row};
       Q4EncodeParams e =
           detail::q4_encode_params(segments, num_segments, code, 0, b.shard, config_, key, payload);
+      if (device_decides_) e.nan_head = reinterpret_cast<const uint32_t*>(b.poison.get());
       if (ef) {
         e.residual_in = b.residual[b.current].get() + roff;
         e.residual_out = b.residual[b.current ^ 1].get() + roff;
@@ -257,9 +282,29 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
     backend_.topk_decode(d);
   }
   // The verdict on the payloads comes before anything advances (reduce_scatter.h's contract: a
-  // rejected payload leaves output and residual as they were). On CUDA this is the host wait that
-  // reads the decode's status; the candidates' residual is adopted only for a finite result (the
-  // committed one stays otherwise), and the round counts only once the payloads passed.
+  // rejected payload leaves output and residual as they were).
+  if (device_decides_) {
+    // Decided on the device: end_bucket copies the committed residual over the candidate when the
+    // result is non-finite or a payload was rejected (the decode then wrote nothing), so the host
+    // adopts the candidate either way; the round is counted now and taken back when a later read
+    // finds the rejection (read_verdicts).
+    UnreadCall call{r.bucket_id, rounds_before};
+    const ResidualPair pair{b.residual[b.current ^ 1].get(), b.residual[b.current].get(),
+                            b.residual[0].bytes()};
+    backend_.end_bucket(&pair, config_.error_feedback ? 1 : 0);
+    if (config_.error_feedback) b.current ^= 1;
+    rounds_.done(r.bucket_id);
+    unread_.push_back(std::move(call));
+    if (snapshot_covers_ == 0) {
+      uint64_t count = 0;
+      backend_.poll_nonfinite_buckets(&count);  // queues the copy of the status words
+      snapshot_covers_ = unread_.size();
+    }
+    return true;
+  }
+  // On CUDA (v1, top-k) this is the host wait that reads the decode's status; the candidates'
+  // residual is adopted only for a finite result (the committed one stays otherwise), and the
+  // round counts only once the payloads passed.
   bool nonfinite = false;
   try {
     nonfinite = backend_.take_decode_status();
@@ -271,8 +316,75 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
   return !nonfinite;
 }
 
+void CompressedReduceScatter::read_verdicts(bool wait) {
+  if (unread_.empty()) return;
+  uint64_t nonfinite = 0;
+  size_t verified = 0;
+  try {
+    if (wait) {
+      nonfinite = backend_.take_nonfinite_buckets();  // any queued copy first, then the rest
+      verified = unread_.size();
+    } else if (snapshot_covers_ > 0 && backend_.poll_nonfinite_buckets(&nonfinite)) {
+      verified = snapshot_covers_;
+    }
+  } catch (const PayloadError& e) {
+    snapshot_covers_ = 0;
+    throw PayloadError(rejection_of_unread(e.what()));
+  }
+  if (wait || verified > 0) snapshot_covers_ = 0;
+  nonfinite_buckets_ += nonfinite;
+  unread_.erase(unread_.begin(), unread_.begin() + static_cast<std::ptrdiff_t>(verified));
+}
+
+std::string CompressedReduceScatter::rejection_of_unread(const std::string& device_message) {
+  // The device's status word is sticky: from the rejected call on, no decode wrote and no
+  // residual advanced. The first unread call whose received bytes fail the host's checks is the
+  // rejected one (the device's message names the first unread call when the host finds none),
+  // and the round counter goes back to before it: redoing that bucket stays in its step, as
+  // after the host path's rejection.
+  size_t at = 0;
+  std::string named;
+  for (size_t i = 0; i < unread_.size() && named.empty(); ++i) {
+    named = host_rejection(*buckets_.at(unread_[i].bucket));
+    if (!named.empty()) at = i;
+  }
+  const Bucket& b = *buckets_.at(unread_[at].bucket);
+  rounds_ = unread_[at].rounds_before;
+  unread_.clear();
+  std::ostringstream m;
+  m << "reduce-scatter bucket " << b.id << " on rank " << comm_.rank() << ": ";
+  if (named.empty())
+    m << device_message << " (from a rank whose header and checksum pass the host's checks)";
+  else
+    m << named;
+  m << " (read after its call returned: that call wrote no output and advanced no residual or "
+       "round, nor did the calls after it)";
+  return m.str();
+}
+
+void CompressedReduceScatter::flush() {
+  if (device_decides_) read_verdicts(true);
+}
+
+uint64_t CompressedReduceScatter::take_nonfinite_buckets() {
+  const uint64_t n = nonfinite_buckets_;
+  nonfinite_buckets_ = 0;
+  return n;
+}
+
 std::string CompressedReduceScatter::rejection_naming_rank(const Bucket& b,
                                                            const std::string& device_message) {
+  std::ostringstream m;
+  m << "reduce-scatter bucket " << b.id << " on rank " << comm_.rank() << ": ";
+  const std::string named = host_rejection(b);
+  if (named.empty())
+    m << device_message << " (from a rank whose header and checksum pass the host's checks)";
+  else
+    m << named;
+  return m.str();
+}
+
+std::string CompressedReduceScatter::host_rejection(const Bucket& b) {
   // The device only says that a payload failed: the host checks the received bytes again to name
   // the sender.
   const int world = comm_.world_size();
@@ -293,15 +405,12 @@ std::string CompressedReduceScatter::rejection_naming_rank(const Bucket& b,
     check.param = static_cast<uint32_t>(topk_capacity(b.shard, config_.topk));
     check.value_dtype = static_cast<uint8_t>(config_.topk.value_dtype);
   }
-  std::ostringstream m;
-  m << "reduce-scatter bucket " << b.id << " on rank " << comm_.rank() << ": ";
   try {
     make_cpu_backend(1)->check_payloads(check);
-    m << device_message << " (from a rank whose header and checksum pass the host's checks)";
   } catch (const PayloadError& e) {
-    m << e.what();  // names the payload and its sending rank
+    return e.what();  // names the payload and its sending rank
   }
-  return m.str();
+  return "";
 }
 
 uint32_t CompressedReduceScatter::next_step() const {
@@ -330,7 +439,9 @@ void CompressedReduceScatter::load_state(const CompressionState& s) {
                  "checkpoint on rank " << comm_.rank()
                                        << " holds allreduce state (own-chunk residuals or "
                                           "velocities), not a reduce-scatter's");
+  flush();  // the calls before it are read (and a rejection among them raised) first
   rounds_.restart(s.step);
+  nonfinite_buckets_ = 0;
   buckets_.clear();
   pending_ = s;
 }

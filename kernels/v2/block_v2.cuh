@@ -54,7 +54,16 @@ struct EncodeArgs {
   uint8_t* payload;
   BlockLayout layout;
   format::PayloadHeader header;  // body checksum 0; sealed by the last block
+  const uint32_t* nan_head;      // Q4EncodeParams::nan_head (device memory) or null
 };
+
+// Q4EncodeParams::nan_head: element 0's lane reads the flag and substitutes NaN (one predicated
+// load per warp span that holds element 0; no other lane touches the flag).
+__device__ __forceinline__ void apply_nan_head(const EncodeArgs& a, uint64_t first,
+                                               float (&x)[kLaneElements]) {
+  if (first == 0 && a.nan_head != nullptr && __ldg(a.nan_head) != 0u)
+    x[0] = __int_as_float(0x7fc00000);
+}
 
 // The encode of one lane's 8 elements: step from the block's absmax (shuffled among its lanes),
 // codes, scale, new residual, and the lane's checksum terms added to *sum. kFull: all 8 exist.
@@ -222,6 +231,7 @@ __device__ __forceinline__ void encode_body(const EncodeArgs& a) {
                                kLaneElements, x);
       }
     }
+    apply_nan_head(a, first, x);
     load_residual<kRes>(a, first, kLaneElements, res_aligned, rin);
     encode_lane<Codes, kRes, kSR, true>(a, first, kLaneElements, lanes_per_block, x, rin, out,
                                         &sum);
@@ -234,6 +244,7 @@ __device__ __forceinline__ void encode_body(const EncodeArgs& a) {
     const int n = lane_count(a.numel, first);
     float x[kLaneElements], rin[kLaneElements], out[kLaneElements];
     load_lane_general<kIn>(a.segments, a.num_segments, a.begin + static_cast<int64_t>(first), n, x);
+    apply_nan_head(a, first, x);
     load_residual<kRes>(a, first, n, false, rin);
     encode_lane<Codes, kRes, kSR, false>(a, first, n, lanes_per_block, x, rin, out, &sum);
     store_residual<kRes>(a, first, n, false, out);

@@ -104,6 +104,7 @@ LaunchStatus run_encode(const Q4EncodeParams& p, int max_ctas, cudaStream_t stre
   a.rng_step = p.rng.step;
   a.rng_bucket = p.rng.bucket;
   a.payload = p.payload;
+  a.nan_head = p.nan_head;
   a.layout = block_layout(K::Codes::kCodec, static_cast<uint64_t>(p.numel), p.block_size);
   a.header = format::make_block_header(K::Codes::kCodec, static_cast<uint64_t>(p.numel),
                                        p.block_size, p.dtype, p.stochastic);

@@ -2,8 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
+#include "gradcomp/backend.h"
 #include "test_util.h"
 
 namespace gradcomp {
@@ -324,6 +326,55 @@ TEST(Q4, SizeArithmeticBeyondTwoToThe31) {
   EXPECT_THROW(inspect_payload(bytes.data(), bytes.size()), Error);  // truncated: sections missing
   EXPECT_EQ(h.count, blocks);
   EXPECT_EQ(h.section1_bytes, static_cast<uint64_t>((n + 1) / 2));
+}
+
+// Q4EncodeParams::nan_head (the reduce-scatter's device poison flag): a set flag reads element
+// `begin` as NaN, exactly as a table whose element `begin` holds NaN; a clear flag changes nothing.
+// Split tables and a range that starts inside the tensor, for q4 and q2, with error feedback.
+TEST(Q4, NanHeadFlagReadsTheFirstElementAsNaN) {
+  auto backend = make_cpu_backend();
+  const int64_t n = 700, begin = 64, numel = 500;
+  for (uint8_t codec : {format::kCodecQ4, format::kCodecQ2}) {
+    for (DType dtype : kDtypes) {
+      for (uint32_t flag : {0u, 1u}) {
+        const std::vector<float> v = testing::normal_floats(n, 5);
+        HostTensor x = HostTensor::from_floats(dtype, v);
+        std::vector<float> poisoned_values = v;
+        if (flag != 0) poisoned_values[begin] = std::nanf("");
+        HostTensor expected_input = HostTensor::from_floats(dtype, poisoned_values);
+        const std::vector<float> r_in(numel, 0.125f);
+        const size_t bytes =
+            codec == format::kCodecQ2 ? q2_payload_bytes(numel, 64) : q4_payload_bytes(numel, 64);
+        auto encode = [&](Segment* segs, int count, const uint32_t* nan_head) {
+          std::vector<uint8_t> payload(bytes, 0xAB);
+          std::vector<float> r_out(numel, -1.0f);
+          Q4EncodeParams p;
+          p.codec = codec;
+          p.segments = segs;
+          p.num_segments = count;
+          p.dtype = static_cast<uint8_t>(dtype);
+          p.begin = begin;
+          p.numel = numel;
+          p.block_size = 64;
+          p.rng = {7, 1, 2, 3, 4};
+          p.residual_in = r_in.data();
+          p.residual_out = r_out.data();
+          p.payload = payload.data();
+          p.nan_head = nan_head;
+          backend->q4_encode(p);
+          return std::make_pair(payload, r_out);
+        };
+        const size_t esize = dtype_size(dtype);
+        Segment split[2] = {{x.bytes.data(), 0, 100}, {x.bytes.data() + 100 * esize, 100, n - 100}};
+        const auto got = encode(split, 2, &flag);
+        Segment whole = expected_input.segment();
+        const auto want = encode(&whole, 1, nullptr);
+        EXPECT_EQ(got.first, want.first) << int(codec) << " " << dtype_name(dtype) << " " << flag;
+        EXPECT_EQ(0, std::memcmp(got.second.data(), want.second.data(), numel * sizeof(float)))
+            << int(codec) << " " << dtype_name(dtype) << " " << flag;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "gradcomp/backend.h"
 #include "gradcomp/collectives.h"
@@ -83,9 +84,25 @@ class CompressedReduceScatter {
 
   // Returns false when the output holds non-finite values (the residual is then left as it was).
   // A payload that fails its checks raises an Error naming the sending rank, with the output and
-  // the residual untouched. On a CUDA backend it waits for the device twice (the input's
-  // non-finite check and the result's).
+  // the residual untouched. On a CUDA backend it waits for the device three times (clearing the
+  // status words, the input's non-finite check, the result's verdict).
+  //
+  // With the v2 kernels and q4 on CUDA it does not wait after a bucket's first call (which
+  // allocates and checks the layout): the input's non-finite check is a device flag the encodes
+  // read, and the verdict is the device's (a rejected payload or a non-finite result keeps the
+  // residual, a rejected one writes no output). It then returns true; the
+  // non-finite buckets are counted by take_nonfinite_buckets() once read. A rejected payload
+  // raises its error (naming the bucket and the sending rank) from a later call: the first whose
+  // non-blocking read finds the verdict, at the latest the next call of the same bucket (which
+  // waits for it), or flush(). The round counter then goes back to before the rejected call, as
+  // if it had raised itself: redoing the bucket stays in its step.
   bool reduce_scatter(const ReduceScatterRequest& request);
+  // Waits for the device's verdicts on every call so far and raises a rejected payload's error
+  // (nothing to do but on v2 q4 on CUDA). load_state() calls it first.
+  void flush();
+  // Non-finite buckets whose verdict was read since the last call (v2 q4 on CUDA; elsewhere the
+  // calls return them and this stays 0).
+  uint64_t take_nonfinite_buckets();
 
   // The step the next new round of buckets uses, as a checkpoint records it.
   uint32_t next_step() const;
@@ -105,6 +122,18 @@ class CompressedReduceScatter {
   void check_layout(const Bucket& b);
   // The error of a payload the device rejected, naming its sending rank.
   std::string rejection_naming_rank(const Bucket& b, const std::string& device_message);
+  // The host's check of a bucket's received payloads: the error naming the sender, or "".
+  std::string host_rejection(const Bucket& b);
+  // v2 q4 on CUDA: reads the verdicts of unread calls, waiting for them or only when they are
+  // ready; a rejection raises (rejection_of_unread) after putting the round counter back.
+  void read_verdicts(bool wait);
+  std::string rejection_of_unread(const std::string& device_message);
+
+  // A call whose verdict the host has not read yet, and the round counter before it.
+  struct UnreadCall {
+    uint64_t bucket;
+    StepRounds rounds_before;
+  };
 
   Communicator& comm_;
   Backend& backend_;
@@ -112,6 +141,12 @@ class CompressedReduceScatter {
   StepRounds rounds_;
   std::map<uint64_t, std::unique_ptr<Bucket>> buckets_;
   CompressionState pending_;  // loaded residuals of buckets not yet seen
+  // v2 q4 on CUDA: the poison and the verdict are decided on the device; the host never waits
+  // inside a call (but to read a repeated bucket's earlier verdict).
+  bool device_decides_ = false;
+  std::vector<UnreadCall> unread_;  // in call order
+  size_t snapshot_covers_ = 0;      // unread calls the backend's queued status copy covers
+  uint64_t nonfinite_buckets_ = 0;  // read, not yet taken
 };
 
 }  // namespace gradcomp

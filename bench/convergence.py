@@ -9,6 +9,10 @@ the same data, initial weights and seeds; only the gradient communication differ
     python bench/convergence.py --quick               # CI: short, one seed, asserts the remedy helps
     python bench/convergence.py --tasks lm --methods dense,topk,topk-warmup --seeds 0,1,2
     python bench/convergence.py --tasks lm --methods dense,q4,diloco-h20-lr1.0-m0 --gbps 0.1   # on a 100 Mbit/s link
+    # DiLoCo from a dense checkpoint of the same run: dense DDP for 100 steps, then DiLoCo (q4, and Q2) for 400
+    # (20 rounds at H = 20); dense goes on unchanged; the held-out loss also every 100 steps
+    python bench/convergence.py --tasks lm --methods dense,diloco-h20-lr1.0-m0.3,diloco-h20-lr1.0-m0.3-q2 \
+        --seeds 0 --steps 500 --warm-start 100 --eval-every 100
 """
 import argparse
 import datetime
@@ -48,17 +52,24 @@ METHODS = {
     "fsdp-q4-int8": ({"codec": "q4", "params": "int8"}, None),
 }
 # DiLoCo: no per-step synchronisation; every H steps the q4 outer gradient and the outer Nesterov SGD.
-# "diloco-h<H>[-lr<outer lr>][-m<outer momentum>][-f<fragments>][-ilr<inner lr>]", e.g. diloco-h50-lr1.0-m0.5.
+# "diloco-h<H>[-lr<outer lr>][-m<outer momentum>][-f<fragments>][-ilr<inner lr>][-q2]", e.g. diloco-h50-lr1.0-m0.5;
+# "-q2": the outer gradients as gradcomp.Q2 (2 bits) instead of Q4.
 
 
 def method_spec(method):
     if not method.startswith("diloco-"):
         return METHODS[method]
     options = {"h": 100, "lr": 0.7, "m": 0.9, "f": 1, "ilr": 0.0}
+    codec = "q4"
     for token in method.split("-")[1:]:
-        key = next(k for k in ("ilr", "lr", "h", "m", "f") if token.startswith(k))
+        if token in ("q4", "q2"):
+            codec = token
+            continue
+        key = next((k for k in ("ilr", "lr", "h", "m", "f") if token.startswith(k)), None)
+        if key is None:
+            raise SystemExit(f"{method}: unknown DiLoCo setting {token!r} (h, lr, m, f, ilr, q2, q4)")
         options[key] = type(options[key])(token[len(key):])
-    return {"codec": "q4", "diloco": options}, None
+    return {"codec": codec, "diloco": options}, None
 # The learning rates of plain SGD under momentum correction.
 DGC_LR = {"sgd-dgc": 0.1, "sgd-dgc-tuned": 0.3}
 TASKS = {
@@ -78,6 +89,8 @@ def make_codec(spec, ratio):
     kw.pop("diloco", None)
     kw.pop("params", None)
     kind = kw.pop("codec")
+    if kind == "q2":
+        return gradcomp.Q2()
     return gradcomp.Q4() if kind == "q4" else gradcomp.TopK(ratio=ratio, **kw)
 
 
@@ -130,7 +143,7 @@ def lm_batch(data, rank, step, batch, seq, seed):
 
 # ---- one rank of one run ---------------------------------------------------------------------
 
-def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
+def run_rank(rank, world, store, task, method, seed, steps, ratio, out, warm_start=0, eval_every=0):
     import torch
     import torch.distributed as dist
     import torch.nn as nn
@@ -160,7 +173,7 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
         model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
     fsdp = method.startswith("fsdp")
     diloco = (spec or {}).get("diloco")
-    if diloco:
+    if diloco and not warm_start:
         ddp = model  # each rank trains alone between the outer rounds
     elif fsdp:
         from torch.distributed.fsdp import fully_shard
@@ -177,17 +190,49 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
     else:
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     codec = make_codec(spec, ratio)
-    if codec is None:
-        hook = None
-    elif diloco:
-        hook = gt.diloco(model, opt, codec, inner_steps=diloco["h"], outer_lr=diloco["lr"],
-                         outer_momentum=diloco["m"], nesterov=diloco["m"] > 0, fragments=diloco["f"])
-    elif fsdp:
-        import gradcomp
 
-        hook = gt.fsdp(model, codec, params=gradcomp.Int8() if (spec or {}).get("params") == "int8" else None)
-    else:
-        hook = gt.register(ddp, codec, optimizer=opt)
+    def attach():
+        if codec is None:
+            return None
+        if diloco:
+            return gt.diloco(model, opt, codec, inner_steps=diloco["h"], outer_lr=diloco["lr"],
+                             outer_momentum=diloco["m"], nesterov=diloco["m"] > 0, fragments=diloco["f"])
+        if fsdp:
+            import gradcomp
+
+            return gt.fsdp(model, codec, params=gradcomp.Int8() if (spec or {}).get("params") == "int8" else None)
+        return gt.register(ddp, codec, optimizer=opt)
+
+    # With a warm start DiLoCo attaches after warm_start dense DDP steps (a dense checkpoint of the same run, with
+    # its AdamW moments and its place in the schedule); main() refuses it for the per-step codecs.
+    hook = None if diloco and warm_start else attach()
+
+    def evaluate():
+        with torch.no_grad():
+            model.eval()
+            if task == "lm":
+                vals = []
+                for j in range(16):  # the same held-out windows for every method
+                    x, y = lm_batch(val_data, 0, 10_000 + j, 32, 64, 0)
+                    vals.append(F.cross_entropy(model(x).reshape(-1, 128), y.reshape(-1)).item())
+                result = {"val_loss": statistics.mean(vals)}
+            else:
+                logits = model(val_x)
+                result = {"val_loss": F.cross_entropy(logits, val_y).item(),
+                          "accuracy": (logits.argmax(1) == val_y).float().mean().item()}
+            model.train()
+            return result
+
+    def rank_spread():
+        """The largest difference of a parameter between ranks (0 while DDP keeps them identical)."""
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        high, low = flat.clone(), flat.clone()
+        dist.all_reduce(high, op=dist.ReduceOp.MAX)
+        dist.all_reduce(low, op=dist.ReduceOp.MIN)
+        return (high - low).max().item()
+
+    spread = {}
+    curve = []  # (steps done, held-out loss) every eval_every steps, on rank 0
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
@@ -195,6 +240,13 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
     times = []  # wall time at the end of each step
     t0 = time.perf_counter()
     for step in range(steps):
+        if warm_start and step == warm_start:
+            spread["before_switch"] = rank_spread()
+            if diloco:
+                hook = attach()
+                ddp = model  # from here each rank trains alone: DDP's reducer acts only after a forward through it
+        if warm_start and step == warm_start + (max(1, diloco["h"] // 2) if diloco else 1):  # DiLoCo: mid-round
+            spread["after_switch"] = rank_spread()
         if task == "lm":
             x, y = lm_batch(train_data, rank, step, batch, seq, seed)
             loss = F.cross_entropy(ddp(x).reshape(-1, 128), y.reshape(-1))
@@ -208,27 +260,24 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out):
         sched.step()
         losses.append(loss.item())
         times.append(time.perf_counter() - t0)
+        if eval_every and (step + 1) % eval_every == 0 and rank == 0:
+            curve.append((step + 1, evaluate()["val_loss"]))
     seconds = time.perf_counter() - t0
-    with torch.no_grad():
-        model.eval()
-        if task == "lm":
-            vals = []
-            for j in range(16):  # the same held-out windows for every method
-                x, y = lm_batch(val_data, 0, 10_000 + j, 32, 64, 0)
-                vals.append(F.cross_entropy(model(x).reshape(-1, 128), y.reshape(-1)).item())
-            final = {"val_loss": statistics.mean(vals)}
-        else:
-            logits = model(val_x)
-            final = {"val_loss": F.cross_entropy(logits, val_y).item(),
-                     "accuracy": (logits.argmax(1) == val_y).float().mean().item()}
+    final = evaluate()
     stats = hook.stats() if diloco else hook.stats()["total"] if hook is not None else None
     params = sum(p.numel() for p in model.parameters())
     # Without a hook: what DDP's ring allreduce of the fp32 gradients sends per rank, or FSDP's
     # reduce-scatter (half of it; both FSDP methods also all-gather the parameters alike).
     dense_bytes = (1 if fsdp else 2) * (world - 1) / world * 4 * params
+    # DiLoCo after a warm start: bytes per step of its own phase (the dense phase sent dense's).
+    method_steps = steps - warm_start if diloco else steps
     result = {"task": task, "method": method, "seed": seed, "steps": steps, "losses": losses, "times": times,
               "seconds": seconds, **final, "params": params,
-              "bytes_per_step": stats["bytes_sent"] / steps if stats else dense_bytes}
+              "bytes_per_step": stats["bytes_sent"] / method_steps if stats else dense_bytes}
+    if warm_start:
+        result.update(warm_start=warm_start, rank_spread=spread)
+    if eval_every:
+        result["val_curve"] = curve
     dist.destroy_process_group()
     if rank == 0:
         with open(out, "w") as f:
@@ -243,12 +292,13 @@ def _entry(*args):
         sys.exit(1)
 
 
-def run(task, method, seed, steps, ratio, world):
+def run(task, method, seed, steps, ratio, world, warm_start=0, eval_every=0):
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         procs = [ctx.Process(target=_entry, args=(r, world, os.path.join(tmp, "store"), task, method, seed,
-                                                  steps, ratio, out)) for r in range(world)]
+                                                  steps, ratio, out, warm_start, eval_every))
+                 for r in range(world)]
         for p in procs:
             p.start()
         for p in procs:
@@ -277,6 +327,31 @@ def summarize(results):
             row["accuracy_vs_dense"] = row["accuracy"] - statistics.mean(x["accuracy"] for x in dense)
         table.append(row)
     return table
+
+
+def check_warm_start(results):
+    """Every warm-started DiLoCo run followed dense exactly up to the switch (its loss there is dense's), with the
+    ranks identical, and trained alone after it; dense's ranks stayed identical. Raises otherwise."""
+    checked = []
+    for r in results:
+        if not r.get("warm_start"):
+            continue
+        n, spread = r["warm_start"], r["rank_spread"]
+        name = f"{r['task']}/{r['method']}/seed {r['seed']}"
+        assert spread["before_switch"] == 0.0, f"{name}: ranks differ before the switch: {spread}"
+        if not r["method"].startswith("diloco-"):
+            assert spread.get("after_switch", 0.0) == 0.0, f"{name}: dense ranks differ: {spread}"
+            continue
+        assert spread.get("after_switch", 1.0) > 0.0, f"{name}: ranks identical mid-round after the switch: {spread}"
+        dense = [d for d in results if d["method"] == "dense" and (d["task"], d["seed"], d["steps"]) ==
+                 (r["task"], r["seed"], r["steps"])]
+        if dense:
+            assert r["losses"][:n + 1] == dense[0]["losses"][:n + 1], \
+                f"{name}: the losses up to the switch (step {n}) are not dense's"
+            assert r["losses"][n + 1:] != dense[0]["losses"][n + 1:], f"{name}: the losses after the switch are dense's"
+            checked.append(f"{name} (loss at the switch {r['losses'][n]:.4f} = dense's)")
+    if checked:
+        print("warm-start check: " + "; ".join(checked))
 
 
 def print_table(table):
@@ -327,6 +402,12 @@ def main():
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=0, help="0: each task's default")
     p.add_argument("--ratio", type=float, default=0.01)
+    p.add_argument("--warm-start", type=int, default=0, metavar="STEPS",
+                   help="DiLoCo methods: dense DDP for STEPS steps, then DiLoCo (a dense checkpoint of the same run); "
+                        "dense is unchanged, its runs check the ranks stay identical")
+    p.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="also the held-out loss after every N-th step (the curve: with a warm start and N = H, "
+                        "every DiLoCo round's end)")
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--out", default="bench/results/convergence")
     p.add_argument("--merge", default="", help="an earlier convergence.json whose runs of other methods join the table")
@@ -352,6 +433,10 @@ def main():
             link.close()
     if a.quick:
         a.tasks, a.methods, a.seeds, a.steps = "lm", "dense,topk,topk-warmup-clip,topk-q4warmup-100", "0", 150
+    if a.warm_start:
+        odd = [m for m in (a.methods.split(",") if a.methods else []) if m != "dense" and not m.startswith("diloco-")]
+        if odd or not a.methods:
+            raise SystemExit(f"--warm-start applies to dense and diloco-* methods only, got {odd or 'the defaults'}")
     os.makedirs(a.out, exist_ok=True)
     results = []
     for task in a.tasks.split(","):
@@ -359,9 +444,13 @@ def main():
         steps = a.steps or TASKS[task][2]
         for method in methods:
             for seed in [int(s) for s in a.seeds.split(",")]:
-                r = run(task, method, seed, steps, a.ratio, a.world)
+                if a.warm_start >= steps:
+                    raise SystemExit(f"--warm-start {a.warm_start} must be below the run's {steps} steps")
+                r = run(task, method, seed, steps, a.ratio, a.world, a.warm_start, a.eval_every)
                 print(f"{task}/{method}/seed {seed}: val loss {r['val_loss']:.4f} in {r['seconds']:.0f} s", flush=True)
                 results.append(r)
+                with open(os.path.join(a.out, "runs.jsonl"), "a") as f:  # each run as it ends, for long runs
+                    f.write(json.dumps(r) + "\n")
     if a.merge:
         with open(a.merge) as f:
             earlier = json.load(f)["runs"]
@@ -370,10 +459,12 @@ def main():
     table = summarize(results)
     print_table(table)
     meta = {"date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "world": a.world, "ratio": a.ratio, "gbps_per_rank": a.gbps or None}
+            "cpus": os.cpu_count(), "world": a.world, "ratio": a.ratio, "gbps_per_rank": a.gbps or None,
+            "warm_start": a.warm_start or None, "argv": sys.argv[1:]}
     with open(os.path.join(a.out, "convergence.json"), "w") as f:
         json.dump({"meta": meta, "table": table, "runs": results}, f)
     plot(results, os.path.join(a.out, "convergence.png"), wall_time=a.gbps > 0)
+    check_warm_start(results)
     if a.quick:
         by = {r["method"]: r["val_loss"] for r in table}
         for remedy in ("topk-warmup-clip", "topk-q4warmup-100"):

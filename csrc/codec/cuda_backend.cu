@@ -286,7 +286,19 @@ class CudaBackend final : public Backend {
     GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
 
+  // ---- DiLoCo's outer step (kernels/outer_params.h) ----
+  const char* outer_unsupported() const override {
+    return "its CUDA kernels are not written yet: the outer step runs on host copies";
+  }
+  void outer_gradient(const OuterGradientParams&) override { refuse_outer("outer gradient"); }
+  void outer_step(const OuterStepParams&) override { refuse_outer("outer step"); }
+  void outer_merge(const OuterMergeParams&) override { refuse_outer("outer merge"); }
+
  private:
+  void refuse_outer(const char* what) const {
+    GRADCOMP_CHECK(false, "DiLoCo " << what << " on CUDA: " << outer_unsupported());
+  }
+
   // The int8 operations' shared refusals: v1 kernels, then the params' rule.
   void check_int8(const char* problem, const char* what) const {
     const char* unsupported = int8_unsupported();

@@ -159,17 +159,27 @@ class OuterSync {
 
  private:
   struct Fragment;
+  struct Staged;
   void init(std::vector<OuterParam> params);
-  // The fragment's parameters in fp32 on the host, or written back from it.
-  void read_params(const Fragment& f, float* out) const;
-  void write_params(const Fragment& f, const std::vector<float>& values);
+  // The backend running the outer step and holding the outer state: the backend, or (CUDA under
+  // v1, Backend::outer_unsupported) a CPU backend over host copies.
+  Backend& outer() { return host_ ? *host_ : backend_; }
+  // The fragment's tensors where outer() reads them: the parameters themselves, or host copies
+  // (read from the device when `read`), written back by unstage().
+  Staged stage(const Fragment& f, bool read) const;
+  void unstage(const Fragment& f, const Staged& s) const;
+  // The mean in the gradient buffer where outer() reads it (`host` holds a staged copy).
+  const float* mean_for_outer(const Fragment& f, std::vector<float>& host) const;
+  // Stores the anchor into the parameters (kStore), or mixes or eager-corrects them with it.
+  void merge_into_params(const Fragment& f, OuterMerge mode);
   // Raises unless every rank is about to sync `fragment` at the same inner step and round.
   void agree(uint32_t fragment);
   // The outer gradient of a fragment into its gradient buffer, and the allreduce of it.
   void prepare(Fragment& f);
   bool reduce(uint32_t index);
-  // The outer step (math::outer_sgd's vectorized loops) of a fragment from `mean`, in place.
-  void outer_step(const Fragment& f, const float* mean, float* anchor, float* momentum) const;
+  // The outer step of a fragment from the mean in its gradient buffer into anchor_out and
+  // momentum_out (null: dropped), storing the new anchor into the parameters when `store`.
+  void outer_step(const Fragment& f, float* anchor_out, float* momentum_out, bool store);
   // The outer step with the mean in the gradient buffer, or the one the round's thread took
   // (stepped), or the reset; and the merge.
   void apply(uint32_t index, bool finite, bool stepped);
@@ -183,6 +193,7 @@ class OuterSync {
   void merge_round();
 
   Backend& backend_;
+  std::unique_ptr<Backend> host_;  // CUDA under v1: the outer step's CPU backend
   OuterSyncOptions options_;
   std::unique_ptr<CompressedAllreduce> allreduce_;
   // The groups the ranks' agreement before a sync goes through: all ranks, or the node's and

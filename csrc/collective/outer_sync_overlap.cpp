@@ -46,6 +46,7 @@ void OuterSync::start_round(uint32_t index) {
   round->thread = std::thread([this, r] {
     const auto begin = std::chrono::steady_clock::now();
     try {
+      if (round_thread_setup_) round_thread_setup_();
       r->finite = reduce(r->fragment);
       // The outer step, here rather than at the merge on the caller's thread: on copies, since
       // state() may still save the anchor it starts from. Nothing else touches this fragment's

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -93,9 +94,12 @@ struct OuterSyncState {
 
 // Runs the outer rounds over the parameters it is given (their memory must stay where it is).
 // Construction records the start-of-round parameters, which must be the same on every rank (the
-// front ends broadcast them first). The outer state (anchors, momentum buffers) lives in host
-// memory in fp32 whatever the parameters' dtype or memory; on a CUDA backend each sync copies the
-// fragment's parameters to the host and back, and only the allreduce runs on the device.
+// front ends broadcast them first). The outer state (anchors, momentum buffers) is fp32 whatever
+// the parameters' dtype, in the memory of the backend that runs the outer step (Backend::outer_*):
+// host memory on the CPU; device memory on CUDA under the v2 kernels (the outer gradient, step and
+// merge are kernels on the backend's stream); host memory on CUDA under v1, where each sync
+// copies the fragment's parameters to the host and back and only the allreduce runs on the device.
+// state() and load_state() copy it to and from the host, in the same bytes either way.
 //
 // A sync: g = anchor - param (fp32, per element) -> the compressed allreduce's mean of g (random
 // bits keyed by the fragment's round; residuals kept across rounds) -> buf = mu * buf + g;
@@ -139,6 +143,14 @@ class OuterSync {
   // Waits for the round in flight, if any, and merges it now (before its step): for the end of
   // training. Returns whether there was one.
   bool flush();
+
+  // Runs first on every background round's thread (overlap_steps > 0), before it uses the
+  // backend or the communicators: on CUDA a front end makes the backend's device and stream
+  // current there (c10d orders its collectives after the current stream). Set it before the
+  // first step.
+  void set_round_thread_setup(std::function<void()> setup) {
+    round_thread_setup_ = std::move(setup);
+  }
 
   const OuterSyncOptions& options() const { return options_; }
   uint32_t fragments() const;
@@ -206,6 +218,7 @@ class OuterSync {
   // Every communicator a sync sends through (flat: one; hierarchical: the node's and across nodes).
   std::vector<Communicator*> comms_;
   uint64_t inner_step_ = 0;
+  std::function<void()> round_thread_setup_;
   std::unique_ptr<InFlight> in_flight_;  // the round on the thread or awaiting its merge
   std::string failed_;                   // a background round's error: set until a state is loaded
   mutable std::mutex stats_mu_;          // stats_ only

@@ -62,6 +62,19 @@ compute-sanitizer --tool memcheck --error-exitcode 3 ./build-gpu/tests/gradcomp_
   --gtest_filter='GpuReduceScatterNoWait.*' > "$out/rs-no-wait-memcheck.log" 2>&1 &&
   echo "reduce-scatter without host waits, memcheck: clean" || { echo "reduce-scatter without host waits, memcheck: FAILED"; status=1; }
 # ---- end of the reduce-scatter-without-host-waits block
+# ---- issue 36 (DiLoCo's outer step on the device, v2 only): the outer kernels byte-equal to the
+# CPU backend and OuterSync rounds on CUDA (tau = 0 and tau > 0) equal to the CPU's, plain, under
+# memcheck (unaligned tensors and tails) and racecheck (the round's thread beside the caller's).
+./build-gpu/tests/gradcomp_gpu_tests --gtest_filter='GpuOuterStep.*' > "$out/outer.log" 2>&1 &&
+  grep -q '\[  PASSED  \] 5 tests' "$out/outer.log" && echo "issue 36 outer step: ok" ||
+  { echo "issue 36 outer step: FAILED"; tail -20 "$out/outer.log"; status=1; }
+compute-sanitizer --tool memcheck --error-exitcode 3 ./build-gpu/tests/gradcomp_gpu_tests \
+  --gtest_filter='GpuOuterStep.*' > "$out/outer-memcheck.log" 2>&1 &&
+  echo "issue 36 outer memcheck: clean" || { echo "issue 36 outer memcheck: FAILED"; status=1; }
+compute-sanitizer --tool racecheck --error-exitcode 3 ./build-gpu/tests/gradcomp_gpu_tests \
+  --gtest_filter='GpuOuterStep.*' > "$out/outer-racecheck.log" 2>&1 &&
+  echo "issue 36 outer racecheck: clean" || { echo "issue 36 outer racecheck: FAILED"; status=1; }
+# ---- end of issue 36's outer-step block
 echo "tests: $(( $(date +%s) - t0 )) s"
 
 # The DDP hook and GradSync on the GPU: the torch layer built against the machine's torch (2.7 or

@@ -242,6 +242,20 @@ struct DiLoCo::Impl {
       sync_ = std::make_unique<OuterSync>(*comm_, *backend_, engine.config, options_.outer,
                                           std::move(outer));
     }
+#if defined(GRADCOMP_HAVE_CUDA)
+    if (device_.is_cuda()) {
+      // overlap_steps > 0 (v2): a background round runs on a thread of OuterSync, where the
+      // backend's device and stream are made current, so that c10d orders the round's collectives
+      // after the kernels that encoded them. step() orders that stream after the inner step that
+      // produced the parameters, and the training stream after the merge.
+      const c10::Stream own = *stream_;
+      sync_->set_round_thread_setup([own] {
+        c10::cuda::set_device(own.device_index());
+        c10::cuda::setCurrentCUDAStream(
+            c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, own));
+      });
+    }
+#endif
   }
 
   std::vector<at::Tensor> params_;

@@ -82,6 +82,19 @@ class ProfiledBackend final : public Backend {
     inner_->int8_decode(p);
   }
   const char* int8_unsupported() const override { return inner_->int8_unsupported(); }
+  void outer_gradient(const OuterGradientParams& p) override {
+    GRADCOMP_PHASE("gradcomp::outer_gradient");
+    inner_->outer_gradient(p);
+  }
+  void outer_step(const OuterStepParams& p) override {
+    GRADCOMP_PHASE("gradcomp::outer_step");
+    inner_->outer_step(p);
+  }
+  void outer_merge(const OuterMergeParams& p) override {
+    GRADCOMP_PHASE("gradcomp::outer_merge");
+    inner_->outer_merge(p);
+  }
+  const char* outer_unsupported() const override { return inner_->outer_unsupported(); }
 
  private:
   std::unique_ptr<Backend> inner_;

@@ -293,7 +293,34 @@ class CudaBackend final : public Backend {
     GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
 
+  // ---- DiLoCo's outer step (kernels/outer_params.h): v2 kernels only. Under v1 OuterSync keeps
+  // the outer state in host memory and stages the parameters through it, as before v2 had them.
+  const char* outer_unsupported() const override {
+    return v2_ ? nullptr
+               : "its CUDA kernels are v2 only: set GRADCOMP_KERNELS=v2 (opt-in until a GPU has "
+                 "run them byte-equal to the CPU; docs/api.md, \"Kernel generations\")";
+  }
+  void outer_gradient(const OuterGradientParams& p) override {
+    check_outer(params_problem(p), "outer gradient");
+    GRADCOMP_CUDA_CHECK(kernels::v2::run_outer_gradient(p, stream_));
+  }
+  void outer_step(const OuterStepParams& p) override {
+    check_outer(params_problem(p), "outer step");
+    GRADCOMP_CUDA_CHECK(kernels::v2::run_outer_step(p, stream_));
+  }
+  void outer_merge(const OuterMergeParams& p) override {
+    check_outer(params_problem(p), "outer merge");
+    GRADCOMP_CUDA_CHECK(kernels::v2::run_outer_merge(p, stream_));
+  }
+
  private:
+  // The outer operations' refusals, in the CPU's words first (the same params rule).
+  void check_outer(const char* problem, const char* what) const {
+    const char* unsupported = outer_unsupported();
+    GRADCOMP_CHECK(unsupported == nullptr, "DiLoCo " << what << " on CUDA: " << unsupported);
+    GRADCOMP_CHECK(problem == nullptr, "DiLoCo " << what << ": " << problem);
+  }
+
   // The int8 operations' shared refusals: v1 kernels, then the params' rule.
   void check_int8(const char* problem, const char* what) const {
     const char* unsupported = int8_unsupported();

@@ -9,9 +9,6 @@
 #include <utility>
 
 #include "backend_buffer.h"
-#include "math/half.h"
-#include "math/outer_math.h"
-#include "outer_step_cpu.h"
 #include "outer_sync_parts.h"
 
 namespace gradcomp {
@@ -80,9 +77,13 @@ void OuterSync::init(std::vector<OuterParam> params) {
   GRADCOMP_CHECK(params.size() >= options_.fragments,
                  "DiLoCo fragments = " << options_.fragments << " but only " << params.size()
                                        << " parameter tensors to split among them");
-  GRADCOMP_CHECK(options_.overlap_steps == 0 || !backend_.is_cuda(),
-                 "DiLoCo overlap_steps (tau) > 0 runs on CPU parameters only so far; on CUDA "
-                 "use overlap_steps=0");
+  // Under v1 the outer step stages through host memory, which the round's thread and the inner
+  // steps would share; the v2 kernels keep it on the backend's stream.
+  GRADCOMP_CHECK(options_.overlap_steps == 0 || backend_.outer_unsupported() == nullptr,
+                 "DiLoCo overlap_steps (tau) > 0 on CUDA needs the outer step on the device: set "
+                 "GRADCOMP_KERNELS=v2 (or kernels=\"v2\" in the codec spec), or use "
+                 "overlap_steps=0");
+  if (backend_.outer_unsupported() != nullptr) host_ = make_cpu_backend(1);
   int64_t total = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     GRADCOMP_CHECK(params[i].numel > 0 && params[i].data != nullptr,
@@ -109,10 +110,24 @@ void OuterSync::init(std::vector<OuterParam> params) {
       for (; i < n; ++i) fr.numel += params_[static_cast<size_t>(i)].numel;
     }
     fr.end = i;
-    fr.momentum.assign(static_cast<size_t>(fr.numel), 0.0f);
-    fr.anchor.resize(static_cast<size_t>(fr.numel));
-    read_params(fr, fr.anchor.data());
-    fr.gradient = detail::BackendBuffer(backend_, static_cast<size_t>(fr.numel) * sizeof(float));
+    int64_t offset = 0;
+    for (int64_t t = fr.first; t < fr.end; ++t) {
+      const OuterParam& p = params_[static_cast<size_t>(t)];
+      fr.tensors.push_back({p.data, p.numel, offset, static_cast<uint8_t>(p.dtype)});
+      offset += p.numel;
+    }
+    const size_t bytes = static_cast<size_t>(fr.numel) * sizeof(float);
+    fr.momentum = detail::BackendBuffer(outer(), bytes);  // zero bits: 0.0f
+    fr.anchor = detail::BackendBuffer(outer(), bytes);
+    fr.gradient = detail::BackendBuffer(backend_, bytes);
+    // The first anchor: the parameters widened to fp32 (a gradient without an anchor).
+    const Staged staged = stage(fr, true);
+    OuterGradientParams load;
+    load.tensors = staged.tensors.data();
+    load.num_tensors = static_cast<int>(staged.tensors.size());
+    load.numel = fr.numel;
+    load.gradient = reinterpret_cast<float*>(fr.anchor.get());
+    outer().outer_gradient(load);
   }
 }
 
@@ -159,42 +174,6 @@ int OuterSync::step() {
     ++synced;
   }
   return synced;
-}
-
-void OuterSync::read_params(const Fragment& f, float* out) const {
-  std::vector<uint8_t> staged;
-  int64_t at = 0;
-  for (int64_t i = f.first; i < f.end; ++i) {
-    const OuterParam& p = params_[static_cast<size_t>(i)];
-    const void* src = p.data;
-    if (backend_.is_cuda()) {
-      staged.resize(static_cast<size_t>(p.numel) * dtype_size(p.dtype));
-      backend_.copy_to_host(staged.data(), p.data, staged.size());
-      src = staged.data();
-    }
-    const auto code = static_cast<uint8_t>(p.dtype);
-    for (int64_t e = 0; e < p.numel; ++e)
-      out[static_cast<size_t>(at + e)] = math::load_as_float(src, e, code);
-    at += p.numel;
-  }
-}
-
-void OuterSync::write_params(const Fragment& f, const std::vector<float>& values) {
-  std::vector<uint8_t> staged;
-  int64_t at = 0;
-  for (int64_t i = f.first; i < f.end; ++i) {
-    const OuterParam& p = params_[static_cast<size_t>(i)];
-    const auto code = static_cast<uint8_t>(p.dtype);
-    void* dst = p.data;
-    if (backend_.is_cuda()) {
-      staged.resize(static_cast<size_t>(p.numel) * dtype_size(p.dtype));
-      dst = staged.data();
-    }
-    for (int64_t e = 0; e < p.numel; ++e)
-      math::store_from_float(dst, e, code, values[static_cast<size_t>(at + e)]);
-    if (backend_.is_cuda()) backend_.copy_from_host(p.data, staged.data(), staged.size());
-    at += p.numel;
-  }
 }
 
 void OuterSync::agree(uint32_t fragment) {
@@ -305,18 +284,6 @@ void OuterSync::sync_fragment(uint32_t index) {
   stats_.seconds += seconds;
 }
 
-void OuterSync::prepare(Fragment& f) {
-  const size_t n = static_cast<size_t>(f.numel);
-  // The outer gradient, in place of the parameters' fp32 copy: on the CPU that copy is the
-  // allreduce's buffer itself, on CUDA a host one staged to it.
-  float* buffer = reinterpret_cast<float*>(f.gradient.get());
-  std::vector<float> host(backend_.is_cuda() ? n : 0);
-  float* g = backend_.is_cuda() ? host.data() : buffer;
-  read_params(f, g);
-  for (size_t e = 0; e < n; ++e) g[e] = math::outer_gradient(f.anchor[e], g[e]);
-  if (backend_.is_cuda()) backend_.copy_from_host(buffer, g, n * sizeof(float));
-}
-
 bool OuterSync::reduce(uint32_t index) {
   const Fragment& f = fragments_[index];
   allreduce_->set_step(f.round);
@@ -334,59 +301,6 @@ void OuterSync::count_round(const Fragment& f, uint64_t sent_before, bool finite
   if (!finite) ++stats_.nonfinite_rounds;
 }
 
-void OuterSync::outer_step(const Fragment& f, const float* mean, float* anchor,
-                           float* momentum) const {
-  detail::OuterStepRows rows;
-  rows.anchor = anchor;
-  rows.gradient = mean;
-  rows.momentum = momentum;
-  rows.n = static_cast<size_t>(f.numel);
-  rows.lr = options_.outer_lr;
-  rows.mu = options_.outer_momentum;
-  rows.nesterov = options_.nesterov;
-  detail::outer_sgd_rows(rows);
-}
-
-void OuterSync::apply(uint32_t index, bool finite, bool stepped) {
-  Fragment& f = fragments_[index];
-  const size_t n = static_cast<size_t>(f.numel);
-  const float mixing = options_.mixing;
-  if (!finite) {
-    write_params(f, f.anchor);
-    return;
-  }
-  if (stepped) {
-    f.anchor.swap(f.next_anchor);
-    f.momentum.swap(f.next_momentum);
-    // Released: only the fragment in flight holds the extra copies.
-    std::vector<float>().swap(f.next_anchor);
-    std::vector<float>().swap(f.next_momentum);
-  } else {
-    float* buffer = reinterpret_cast<float*>(f.gradient.get());
-    std::vector<float> host(backend_.is_cuda() ? n : 0);
-    float* g = backend_.is_cuda() ? host.data() : buffer;
-    if (backend_.is_cuda()) backend_.copy_to_host(g, buffer, n * sizeof(float));
-    outer_step(f, g, f.anchor.data(), f.momentum.data());
-  }
-  ++f.round;
-  if (!f.eager.empty()) {
-    std::vector<float> local(n);
-    read_params(f, local.data());
-    for (size_t e = 0; e < n; ++e)
-      local[e] = math::outer_eager_correct(local[e], f.anchor[e], f.eager[e]);
-    write_params(f, local);
-    return;
-  }
-  if (mixing == 0.0f) {
-    write_params(f, f.anchor);
-    return;
-  }
-  std::vector<float> local(n);
-  read_params(f, local.data());
-  for (size_t e = 0; e < n; ++e) local[e] = math::outer_mix(local[e], f.anchor[e], mixing);
-  write_params(f, local);
-}
-
 OuterSyncState OuterSync::state() {
   GRADCOMP_CHECK(failed_.empty(), failed_);
   OuterSyncState s;
@@ -401,15 +315,21 @@ OuterSyncState OuterSync::state() {
     p.finite = in_flight_->finite;
     p.mean.resize(static_cast<size_t>(f.numel));
     backend_.copy_to_host(p.mean.data(), f.gradient.get(), p.mean.size() * sizeof(float));
-    p.eager = f.eager;
+    if (f.eager.get() != nullptr) {
+      p.eager.resize(p.mean.size());
+      outer().copy_to_host(p.eager.data(), f.eager.get(), p.eager.size() * sizeof(float));
+    }
     s.pending.push_back(std::move(p));
   }
   s.inner_steps = options_.inner_steps;
   s.inner_step = inner_step_;
   for (const Fragment& f : fragments_) {
+    const size_t n = static_cast<size_t>(f.numel);
     s.rounds.push_back(f.round);
-    s.anchors.push_back(f.anchor);
-    s.momenta.push_back(f.momentum);
+    s.anchors.emplace_back(n);
+    s.momenta.emplace_back(n);
+    outer().copy_to_host(s.anchors.back().data(), f.anchor.get(), n * sizeof(float));
+    outer().copy_to_host(s.momenta.back().data(), f.momentum.get(), n * sizeof(float));
   }
   s.compression = allreduce_->state();
   return s;
@@ -484,10 +404,13 @@ void OuterSync::load_state(const OuterSyncState& s) {
   allreduce_->load_state(s.compression);
   inner_step_ = s.inner_step;
   for (size_t f = 0; f < count; ++f) {
-    fragments_[f].round = s.rounds[f];
-    fragments_[f].anchor = s.anchors[f];
-    fragments_[f].momentum = s.momenta[f];
-    fragments_[f].eager.clear();
+    Fragment& fr = fragments_[f];
+    fr.round = s.rounds[f];
+    outer().copy_from_host(fr.anchor.get(), s.anchors[f].data(), fr.anchor.bytes());
+    outer().copy_from_host(fr.momentum.get(), s.momenta[f].data(), fr.momentum.bytes());
+    fr.eager = detail::BackendBuffer();
+    fr.next_anchor = detail::BackendBuffer();
+    fr.next_momentum = detail::BackendBuffer();
   }
   for (const OuterPendingRound& p : s.pending) {
     Fragment& f = fragments_[p.fragment];
@@ -499,7 +422,10 @@ void OuterSync::load_state(const OuterSyncState& s) {
     in_flight_->sync_step = p.merge_step - options_.overlap_steps;
     in_flight_->finished = true;  // its bytes were counted by the run that saved it
     in_flight_->finite = p.finite;
-    f.eager = p.eager;
+    if (!p.eager.empty()) {
+      f.eager = detail::BackendBuffer(outer(), p.eager.size() * sizeof(float));
+      outer().copy_from_host(f.eager.get(), p.eager.data(), p.eager.size() * sizeof(float));
+    }
   }
 }
 

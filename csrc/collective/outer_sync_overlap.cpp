@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "gradcomp/outer_sync.h"
-#include "math/outer_math.h"
 #include "outer_sync_parts.h"
 
 namespace gradcomp {
@@ -30,6 +29,10 @@ void OuterSync::start_round(uint32_t index) {
   Fragment& f = fragments_[index];
   prepare(f);
   if (options_.eager) take_eager_step(f);
+  // The copies the round's thread steps into, made here: the thread allocates nothing.
+  const size_t bytes = static_cast<size_t>(f.numel) * sizeof(float);
+  f.next_anchor = detail::BackendBuffer(outer(), bytes);
+  f.next_momentum = detail::BackendBuffer(outer(), bytes);
   auto round = std::make_unique<InFlight>();
   round->fragment = index;
   round->round = f.round;
@@ -43,16 +46,15 @@ void OuterSync::start_round(uint32_t index) {
   round->thread = std::thread([this, r] {
     const auto begin = std::chrono::steady_clock::now();
     try {
+      if (round_thread_setup_) round_thread_setup_();
       r->finite = reduce(r->fragment);
       // The outer step, here rather than at the merge on the caller's thread: on copies, since
       // state() may still save the anchor it starts from. Nothing else touches this fragment's
       // anchor and momentum until the join (the eager step read them before the thread began).
       if (r->finite) {
         Fragment& fr = fragments_[r->fragment];
-        fr.next_anchor = fr.anchor;
-        fr.next_momentum = fr.momentum;
-        outer_step(fr, reinterpret_cast<const float*>(fr.gradient.get()), fr.next_anchor.data(),
-                   fr.next_momentum.data());
+        outer_step(fr, reinterpret_cast<float*>(fr.next_anchor.get()),
+                   reinterpret_cast<float*>(fr.next_momentum.get()), false);
         r->stepped = true;
       }
     } catch (...) {
@@ -68,15 +70,9 @@ void OuterSync::start_round(uint32_t index) {
 
 void OuterSync::take_eager_step(Fragment& f) {
   // Before the round's thread exists: the allreduce replaces this rank's g with the mean in place.
-  const size_t n = static_cast<size_t>(f.numel);
-  const float* g = reinterpret_cast<const float*>(f.gradient.get());
-  f.eager.resize(n);
-  for (size_t e = 0; e < n; ++e) {
-    float buf = f.momentum[e];  // the shared buffer takes only the global step, at the merge
-    f.eager[e] = math::outer_sgd(f.anchor[e], g[e], &buf, options_.outer_lr,
-                                 options_.outer_momentum, options_.nesterov);
-  }
-  write_params(f, f.eager);
+  // The shared buffer takes only the global step, at the merge: this one's update is dropped.
+  f.eager = detail::BackendBuffer(outer(), static_cast<size_t>(f.numel) * sizeof(float));
+  outer_step(f, reinterpret_cast<float*>(f.eager.get()), nullptr, true);
 }
 
 void OuterSync::finish_round() {
@@ -122,7 +118,9 @@ void OuterSync::merge_round() {
   finish_round();
   const auto start = std::chrono::steady_clock::now();
   apply(in_flight_->fragment, in_flight_->finite, in_flight_->stepped);
-  fragments_[in_flight_->fragment].eager.clear();
+  fragments_[in_flight_->fragment].eager = detail::BackendBuffer();
+  fragments_[in_flight_->fragment].next_anchor = detail::BackendBuffer();
+  fragments_[in_flight_->fragment].next_momentum = detail::BackendBuffer();
   in_flight_.reset();
   const double seconds = since(start);
   std::lock_guard<std::mutex> lock(stats_mu_);

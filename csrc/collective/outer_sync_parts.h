@@ -15,15 +15,26 @@ struct OuterSync::Fragment {
   int64_t first = 0, end = 0;  // parameter indices [first, end)
   int64_t numel = 0;
   uint32_t round = 0;
-  std::vector<float> anchor, momentum;
+  // The fragment's parameters as the outer-step operations take them (offsets from 0).
+  std::vector<OuterTensor> tensors;
+  // The outer state, fp32, in the memory of the backend running the outer step (outer()): the
+  // backend's own (CPU; CUDA under v2), or host memory (CUDA under v1).
+  detail::BackendBuffer anchor, momentum;
   // The outer gradient, fp32, in the backend's memory; the allreduce's mean after a round (kept
   // there until the merge when the round is overlapped).
   detail::BackendBuffer gradient;
-  // eager: the eager anchor of the round in flight (host fp32), what the merge corrects from.
-  std::vector<float> eager;
-  // overlap_steps > 0: the outer step taken on the round's thread (anchor and momentum after it),
-  // swapped in at the merge.
-  std::vector<float> next_anchor, next_momentum;
+  // eager: the eager anchor of the round in flight (outer() memory), what the merge corrects
+  // from; empty otherwise.
+  detail::BackendBuffer eager;
+  // overlap_steps > 0: the outer step taken on the round's thread (anchor and momentum after it,
+  // outer() memory), swapped in at the merge.
+  detail::BackendBuffer next_anchor, next_momentum;
+};
+
+// CUDA under v1: a fragment's parameters copied to host memory for the outer step there.
+struct OuterSync::Staged {
+  std::vector<uint8_t> bytes;        // each tensor's bytes at a 16-byte aligned offset
+  std::vector<OuterTensor> tensors;  // the fragment's tensors, pointing into `bytes` when staged
 };
 
 struct OuterSync::InFlight {

@@ -8,6 +8,7 @@
 
 #include "int8_params.h"
 #include "launchers.h"
+#include "outer_params.h"
 
 namespace gradcomp {
 namespace kernels {
@@ -43,6 +44,15 @@ LaunchStatus run_int8_encode(const Int8EncodeParams& p, uint64_t* scratch, cudaS
 // memory; `sums` holds num_payloads + 1 zeroed words. A payload whose verdict is not kInt8Ok
 // leaves every row untouched (the decode launches read the verdicts on the device).
 LaunchStatus run_int8_decode(const Int8DecodeParams& p, uint64_t* sums, cudaStream_t stream);
+
+// ---- DiLoCo's outer step (kernels/outer_params.h; v2 only) ---------------------------------
+// The Backend::outer_* contracts, queued on `stream` without a wait. Every pointer is device
+// memory but p.tensors (host); each tensor's elements must be aligned to its dtype (refused
+// otherwise). One launch per tensor (its dtype; 16-byte accesses when the tensor and its stretch
+// of the fp32 buffers are 16-byte aligned); the step without a store is one launch.
+LaunchStatus run_outer_gradient(const OuterGradientParams& p, cudaStream_t stream);
+LaunchStatus run_outer_step(const OuterStepParams& p, cudaStream_t stream);
+LaunchStatus run_outer_merge(const OuterMergeParams& p, cudaStream_t stream);
 
 // How v2 finds the exact threshold in this build and process: the sample bracket (default), or
 // cub::DeviceTopK with GRADCOMP_TOPK_EXACT=cub when the build found CCCL >= 3.3 (else it says

@@ -157,10 +157,11 @@ def diloco(model, optimizer=None, codec=None, **options) -> DiLoCo:
     ``inner_steps`` (H, 100), ``outer_lr`` (0.7), ``outer_momentum`` (0.9), ``nesterov`` (True), ``fragments``
     (1; streaming: the parameters in this many fragments whose rounds are staggered), ``overlap_steps``
     (tau, 0; > 0: a fragment's round runs in the background and merges tau inner steps after its sync point;
-    tau * fragments < H; CPU parameters only so far), ``mixing`` (alpha, 0.0: at the merge the fragment
-    becomes alpha * local + (1 - alpha) * global), ``eager`` (False; True, with overlap_steps > 0 and mixing 0:
-    at the sync point each rank takes the outer step with its own outer gradient at once and trains on from
-    there; at the merge the late global step replaces it, param += global - eager; docs/algorithms.md),
+    tau * fragments < H; a CUDA model needs the v2 kernels: kernels="v2" or GRADCOMP_KERNELS=v2), ``mixing``
+    (alpha, 0.0: at the merge the fragment becomes alpha * local + (1 - alpha) * global), ``eager`` (False;
+    True, with overlap_steps > 0 and mixing 0: at the sync point each rank takes the outer step with its own
+    outer gradient at once and trains on from there; at the merge the late global step replaces it,
+    param += global - eager; docs/algorithms.md),
     ``process_group`` (with overlap_steps > 0, a group the program uses for nothing else meanwhile),
     ``local_world_size`` (ranks per node for the hierarchical allreduce; None, the default: the launcher's
     ranks per node when the job spans several nodes, as ``register``'s), ``timeout`` (seconds),

@@ -96,6 +96,16 @@ def test_q2_on_cuda_with_the_v2_kernels_equals_the_reference():
     assert launch("workers_diloco", "trains_like_the_reference", 2, "q2-v2", "cuda")
 
 
+@pytest.mark.skipif(not (torch.cuda.is_available() and gradcomp.with_cuda),
+                    reason="no CUDA device, or gradcomp built without CUDA")
+@pytest.mark.parametrize("eager", [False, True])
+def test_overlap_on_cuda_with_the_v2_kernels_equals_the_reference(eager):
+    """overlap_steps (tau) > 0 on a CUDA model: the outer step on the device (v2 kernels), the round on a
+    thread of its own with the backend's stream current there; bit for bit the reference at every step."""
+    stats = launch("workers_diloco", "overlapped_trains_like_the_reference", 2, eager, "cuda")
+    assert all(s["rounds"] == 6 for s in stats), stats
+
+
 def test_default_outer_settings_warn_on_short_or_unknown_runs_with_the_numbers():
     """diloco() with the papers' outer defaults warns, naming the measured losses, unless the outer settings are
     chosen or planned_steps says the run has >= 100 rounds; planned_steps never reaches the core."""

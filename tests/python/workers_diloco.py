@@ -99,8 +99,8 @@ class OverlapReference(Reference):
     point the fragment takes this rank's own outer step at once (on a copy of the momentum buffer) and trains
     on from it; the merge adds global - eager to the parameters instead of mixing."""
 
-    def __init__(self, rank, world, split, inner_steps, tau, alpha, eager=False):
-        super().__init__(rank, world, split, inner_steps)
+    def __init__(self, rank, world, split, inner_steps, tau, alpha, eager=False, dev="cpu"):
+        super().__init__(rank, world, split, inner_steps, dev=dev)
         self.tau, self.alpha, self.eager, self.pending = tau, alpha, eager, {}
 
     def _write(self, f, values):
@@ -141,21 +141,24 @@ class OverlapReference(Reference):
             self.pending[f] = (self._mean(f, own), t + self.tau, eager)
 
 
-def overlapped_trains_like_the_reference(rank, world, eager=False):
+def overlapped_trains_like_the_reference(rank, world, eager=False, device="cpu"):
     """overlap_steps (tau) = 2 and mixing (alpha) = 0.5 (eager: alpha 0 and eager updates) over two fragments
     equal OverlapReference bit for bit at every step; a state_dict taken with a round in flight holds it (and
     eager: this rank's eager anchor), and loading it back mid-overlap changes nothing. DiLoCo gets a group of
-    its own: the reference's all_gathers run on the default one while gradcomp's round runs in the background."""
+    its own: the reference's all_gathers run on the default one while gradcomp's round runs in the background.
+    device "cuda": a CUDA model with the v2 kernels (tau > 0 on CUDA needs the outer step on the device)."""
     h, fragments, tau, alpha = 6, 2, 2, 0.0 if eager else 0.5
+    dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
     group = dist.new_group(list(range(world)))
-    model = make_model(rank)
+    model = make_model(rank).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    d = gt.diloco(model, opt, gradcomp.Q4(seed=SEED), inner_steps=h, fragments=fragments, overlap_steps=tau,
+    codec = gradcomp.Q4(seed=SEED, kernels="v2") if device == "cuda" else gradcomp.Q4(seed=SEED)
+    d = gt.diloco(model, opt, codec, inner_steps=h, fragments=fragments, overlap_steps=tau,
                   mixing=alpha, eager=eager, process_group=group)
-    ref = OverlapReference(rank, world, d.fragments(), h, tau, alpha, eager)
+    ref = OverlapReference(rank, world, d.fragments(), h, tau, alpha, eager, dev=dev)
     steps = 3 * h + tau + 1
     for t in range(1, steps + 1):
-        inner_step(model, opt, rank, t, "cpu")
+        inner_step(model, opt, rank, t, dev)
         ref.step(t)
         got, want = flat(model), flat(ref.model)
         assert torch.equal(got.view(torch.int32), want.view(torch.int32)), \

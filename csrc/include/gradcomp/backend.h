@@ -7,6 +7,7 @@
 
 #include "gradcomp/types.h"
 #include "int8_params.h"
+#include "outer_params.h"
 
 namespace gradcomp {
 
@@ -74,6 +75,17 @@ class Backend {
   virtual void int8_decode(const Int8DecodeParams& p) = 0;
   // Why this backend cannot run the int8 codec (the CUDA backend under the v1 kernels), or null.
   virtual const char* int8_unsupported() const = 0;
+
+  // ---- DiLoCo's outer step (kernels/outer_params.h): the outer gradient of a fragment, the
+  // outer SGD step over its fp32 anchor and momentum (storing the new anchor into the
+  // parameters), and the merge of a late round. The CPU's are the reference (cpu::outer_*); the
+  // CUDA backend's run the v2 kernels, queued on its stream without a wait.
+  virtual void outer_gradient(const OuterGradientParams& p) = 0;
+  virtual void outer_step(const OuterStepParams& p) = 0;
+  virtual void outer_merge(const OuterMergeParams& p) = 0;
+  // Why this backend has no outer-step operations (the CUDA backend under the v1 kernels: OuterSync
+  // then keeps the outer state in host memory and stages the parameters through it), or null.
+  virtual const char* outer_unsupported() const = 0;
 };
 
 // The CPU backend: the reference codecs (gradcomp/cpu.h) behind the Backend interface.

@@ -6,6 +6,7 @@
 
 #include "gradcomp/types.h"
 #include "int8_params.h"
+#include "outer_params.h"
 
 namespace gradcomp {
 namespace cpu {
@@ -72,6 +73,12 @@ Int8Verdict int8_row_verdict(const uint8_t* payload, const Int8Run* runs, int nu
                              uint32_t block);
 void int8_decode_row(const uint8_t* payload, const Int8Run* runs, int num_runs, uint32_t block,
                      void* output);
+
+// DiLoCo's outer step (Backend::outer_gradient, outer_step, outer_merge; kernels/outer_params.h)
+// on host memory, math::outer_* per element; throws Error on bad params.
+void outer_gradient(const OuterGradientParams& params);
+void outer_step(const OuterStepParams& params);
+void outer_merge(const OuterMergeParams& params);
 
 }  // namespace cpu
 }  // namespace gradcomp

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -93,9 +94,12 @@ struct OuterSyncState {
 
 // Runs the outer rounds over the parameters it is given (their memory must stay where it is).
 // Construction records the start-of-round parameters, which must be the same on every rank (the
-// front ends broadcast them first). The outer state (anchors, momentum buffers) lives in host
-// memory in fp32 whatever the parameters' dtype or memory; on a CUDA backend each sync copies the
-// fragment's parameters to the host and back, and only the allreduce runs on the device.
+// front ends broadcast them first). The outer state (anchors, momentum buffers) is fp32 whatever
+// the parameters' dtype, in the memory of the backend that runs the outer step (Backend::outer_*):
+// host memory on the CPU; device memory on CUDA under the v2 kernels (the outer gradient, step and
+// merge are kernels on the backend's stream); host memory on CUDA under v1, where each sync
+// copies the fragment's parameters to the host and back and only the allreduce runs on the device.
+// state() and load_state() copy it to and from the host, in the same bytes either way.
 //
 // A sync: g = anchor - param (fp32, per element) -> the compressed allreduce's mean of g (random
 // bits keyed by the fragment's round; residuals kept across rounds) -> buf = mu * buf + g;
@@ -140,6 +144,14 @@ class OuterSync {
   // training. Returns whether there was one.
   bool flush();
 
+  // Runs first on every background round's thread (overlap_steps > 0), before it uses the
+  // backend or the communicators: on CUDA a front end makes the backend's device and stream
+  // current there (c10d orders its collectives after the current stream). Set it before the
+  // first step.
+  void set_round_thread_setup(std::function<void()> setup) {
+    round_thread_setup_ = std::move(setup);
+  }
+
   const OuterSyncOptions& options() const { return options_; }
   uint32_t fragments() const;
   // The parameter indices of a fragment (a contiguous range of the parameter list).
@@ -159,17 +171,27 @@ class OuterSync {
 
  private:
   struct Fragment;
+  struct Staged;
   void init(std::vector<OuterParam> params);
-  // The fragment's parameters in fp32 on the host, or written back from it.
-  void read_params(const Fragment& f, float* out) const;
-  void write_params(const Fragment& f, const std::vector<float>& values);
+  // The backend running the outer step and holding the outer state: the backend, or (CUDA under
+  // v1, Backend::outer_unsupported) a CPU backend over host copies.
+  Backend& outer() { return host_ ? *host_ : backend_; }
+  // The fragment's tensors where outer() reads them: the parameters themselves, or host copies
+  // (read from the device when `read`), written back by unstage().
+  Staged stage(const Fragment& f, bool read) const;
+  void unstage(const Fragment& f, const Staged& s) const;
+  // The mean in the gradient buffer where outer() reads it (`host` holds a staged copy).
+  const float* mean_for_outer(const Fragment& f, std::vector<float>& host) const;
+  // Stores the anchor into the parameters (kStore), or mixes or eager-corrects them with it.
+  void merge_into_params(const Fragment& f, OuterMerge mode);
   // Raises unless every rank is about to sync `fragment` at the same inner step and round.
   void agree(uint32_t fragment);
   // The outer gradient of a fragment into its gradient buffer, and the allreduce of it.
   void prepare(Fragment& f);
   bool reduce(uint32_t index);
-  // The outer step (math::outer_sgd's vectorized loops) of a fragment from `mean`, in place.
-  void outer_step(const Fragment& f, const float* mean, float* anchor, float* momentum) const;
+  // The outer step of a fragment from the mean in its gradient buffer into anchor_out and
+  // momentum_out (null: dropped), storing the new anchor into the parameters when `store`.
+  void outer_step(const Fragment& f, float* anchor_out, float* momentum_out, bool store);
   // The outer step with the mean in the gradient buffer, or the one the round's thread took
   // (stepped), or the reset; and the merge.
   void apply(uint32_t index, bool finite, bool stepped);
@@ -183,6 +205,7 @@ class OuterSync {
   void merge_round();
 
   Backend& backend_;
+  std::unique_ptr<Backend> host_;  // CUDA under v1: the outer step's CPU backend
   OuterSyncOptions options_;
   std::unique_ptr<CompressedAllreduce> allreduce_;
   // The groups the ranks' agreement before a sync goes through: all ranks, or the node's and
@@ -195,6 +218,7 @@ class OuterSync {
   // Every communicator a sync sends through (flat: one; hierarchical: the node's and across nodes).
   std::vector<Communicator*> comms_;
   uint64_t inner_step_ = 0;
+  std::function<void()> round_thread_setup_;
   std::unique_ptr<InFlight> in_flight_;  // the round on the thread or awaiting its merge
   std::string failed_;                   // a background round's error: set until a state is loaded
   mutable std::mutex stats_mu_;          // stats_ only

@@ -46,7 +46,7 @@ compute-sanitizer --tool racecheck --error-exitcode 3 ./build-gpu/tests/gradcomp
 # ---- issue 35 (int8 weight all-gather on CUDA, v2 only): byte equality with the CPU backend, the
 # NaN and corrupt-payload refusals, then the same under memcheck (the decoders' guard bytes).
 ./build-gpu/tests/gradcomp_gpu_tests --gtest_filter='GpuInt8AllGather.*' > "$out/issue35.log" 2>&1 &&
-  grep -q '\[  PASSED  \] 5 tests' "$out/issue35.log" && echo "issue 35 int8 all-gather: ok" ||
+  grep -q '\[  PASSED  \] 6 tests' "$out/issue35.log" && echo "issue 35 int8 all-gather: ok" ||
   { echo "issue 35 int8 all-gather: FAILED"; tail -20 "$out/issue35.log"; status=1; }
 compute-sanitizer --tool memcheck --error-exitcode 3 ./build-gpu/tests/gradcomp_gpu_tests \
   --gtest_filter='GpuInt8AllGather.*' > "$out/issue35-memcheck.log" 2>&1 &&

@@ -53,6 +53,10 @@ class DeferredStatusBackend final : public Backend {
   void topk_accumulate(const TopKAccumulateParams& p) override { cpu_->topk_accumulate(p); }
   void topk_mask(const TopKMaskParams& p) override { cpu_->topk_mask(p); }
   void scan_nonfinite(const NonfiniteScanParams& p) override { cpu_->scan_nonfinite(p); }
+  void outer_gradient(const OuterGradientParams& p) override { cpu_->outer_gradient(p); }
+  void outer_step(const OuterStepParams& p) override { cpu_->outer_step(p); }
+  void outer_merge(const OuterMergeParams& p) override { cpu_->outer_merge(p); }
+  const char* outer_unsupported() const override { return cpu_->outer_unsupported(); }
   size_t topk_workspace_bytes(int64_t numel) const override {
     return cpu_->topk_workspace_bytes(numel);
   }

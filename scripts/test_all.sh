@@ -139,9 +139,18 @@ older_torch_stage() {
 # checks), to keep CI under an hour on two cores.
 core_only="larger_world_sizes or overlapped_buckets or long_run or two_hundred_times or bad_worker_cpus \
 or adaptive_optimizer or find_unused or four_ranks or slow_rank or extended_with_eager[3]"
+# The oldest torch also leaves to the newest the variants of one front-end path that differ only in
+# the core's codec, world size or pieces (each path still runs once there, at two ranks), and the
+# accuracy and worker-placement runs: the torch layer is the same code for every codec.
+core_variants="(pure_pytorch_reference and not -2]) or (averaged_gradients and not ([2-q4-1-0] or [3-topk-2-0])) \
+or (resume_from_a_checkpoint_is_bit_identical and not [q4-) or (checkpoint_resume_is_bit_identical[ and not [q4]) \
+or (rebuilds_buckets and topk) or (bad_bytes and not [q4-flip_bits]) or (killed_rank_makes_every and not [encode]) \
+or (three_step_reference and [8-4-) or (diloco_equals_the_reference_bit_for_bit and not [2]) \
+or elastic_restart_from_the_checkpoint_ends_bit_identical[topk] or sends_rounds_only[3] or q4_trains_digits \
+or the_worker_runs or openmp_binding"
 
 step "oldest supported torch ($oldest_torch): the torch layer, GradSync's trainer and every front end's tests but FSDP's"
-older_torch_stage "$oldest_torch" "" trainer -k "not ($core_only)" test_torch_versions.py test_torch_compile.py \
+older_torch_stage "$oldest_torch" "" trainer -k "not ($core_only or $core_variants)" test_torch_versions.py test_torch_compile.py \
   test_ddp_hook.py test_grad_sync.py test_hierarchical.py test_faults.py test_diloco.py test_monitoring.py
 
 step "oldest torch with FSDP2's comm hooks ($oldest_fsdp_torch, CPU-only build): every FSDP test"

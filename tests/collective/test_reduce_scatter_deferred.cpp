@@ -120,14 +120,16 @@ class DeferredStatusBackend final : public Backend {
   bool queued_ = false;
 };
 
-// A rank's transport over host memory that says it is device memory (the backend above says it
-// is CUDA); on the chosen all_to_all call it flips a body byte of what came from rank 1.
-class DeviceLike final : public Communicator {
+// A rank's transport over host memory that says it is device memory (for the backend above, which
+// says it is CUDA) or host memory (for the host path); on the chosen all_to_all call it flips a
+// body byte of what came from rank 1.
+class CorruptingTransport final : public Communicator {
  public:
-  explicit DeviceLike(Communicator& host) : host_(host) {}
+  CorruptingTransport(Communicator& host, bool device_memory)
+      : host_(host), device_memory_(device_memory) {}
   int rank() const override { return host_.rank(); }
   int world_size() const override { return host_.world_size(); }
-  bool device_memory() const override { return true; }
+  bool device_memory() const override { return device_memory_; }
   int corrupt_call = -1;
 
  protected:
@@ -145,33 +147,7 @@ class DeviceLike final : public Communicator {
 
  private:
   Communicator& host_;
-  int calls_ = 0;
-};
-
-// A corrupting host transport for the host path (the same byte flipped).
-class Corrupting final : public Communicator {
- public:
-  explicit Corrupting(Communicator& host) : host_(host) {}
-  int rank() const override { return host_.rank(); }
-  int world_size() const override { return host_.world_size(); }
-  bool device_memory() const override { return false; }
-  int corrupt_call = -1;
-
- protected:
-  void run_all_to_all(const void* send, void* recv, size_t bytes) override {
-    host_.all_to_all(send, recv, bytes);
-    if (calls_++ == corrupt_call) static_cast<uint8_t*>(recv)[2 * bytes - 3] ^= 0x10;
-  }
-  void run_all_gather(const void* send, void* recv, size_t bytes) override {
-    host_.all_gather(send, recv, bytes);
-  }
-  void run_allreduce_mean(void*, int64_t, DType) override { FAIL() << "not used"; }
-  void run_reduce_scatter_mean(const void*, void*, int64_t, DType) override {
-    FAIL() << "not used";
-  }
-
- private:
-  Communicator& host_;
+  const bool device_memory_;
   int calls_ = 0;
 };
 
@@ -201,7 +177,7 @@ TEST(ReduceScatterDeferred, EqualsTheHostPathOverRoundsWithAPoisonedOne) {
     for (int deferred = 0; deferred < 2; ++deferred) {
       InProcessGroup group(world);
       run_ranks(group, [&](int rank, Communicator& host) {
-        DeviceLike device_comm(host);
+        CorruptingTransport device_comm(host, /*device_memory=*/true);
         DeferredStatusBackend device;
         device.ready = ready;
         auto cpu = make_cpu_backend();
@@ -252,8 +228,8 @@ TEST(ReduceScatterDeferred, ACorruptPayloadIsRaisedByNameLaterWithTheHostPathsSt
     for (int deferred = 0; deferred < 2; ++deferred) {
       InProcessGroup group(world);
       run_ranks(group, [&](int rank, Communicator& host) {
-        DeviceLike device_comm(host);
-        Corrupting host_comm(host);
+        CorruptingTransport device_comm(host, /*device_memory=*/true);
+        CorruptingTransport host_comm(host, /*device_memory=*/false);
         if (rank == 0) device_comm.corrupt_call = host_comm.corrupt_call = 1;
         DeferredStatusBackend device;
         device.ready = false;
@@ -315,7 +291,7 @@ TEST(ReduceScatterDeferred, CallsAfterAnUnreadRejectionAdvanceNothing) {
   const DType dtype = DType::kFloat32;
   InProcessGroup group(world);
   run_ranks(group, [&](int rank, Communicator& host) {
-    DeviceLike comm(host);
+    CorruptingTransport comm(host, /*device_memory=*/true);
     if (rank == 0) comm.corrupt_call = 1;
     DeferredStatusBackend device;
     device.ready = false;

@@ -17,7 +17,7 @@ NAMES = ["element math", "device code", "vocabulary", "format", "codec", "collec
          "umbrella", "torch layer"]
 
 PUBLIC = {
-    "types.h": VOCABULARY, "launch_env.h": VOCABULARY, "format.h": FORMAT, "backend.h": CODEC, "cpu.h": CODEC, "cuda.h": CODEC,
+    "types.h": VOCABULARY, "launch_env.h": VOCABULARY, "format.h": FORMAT, "backend.h": CODEC, "forwarding_backend.h": CODEC, "cpu.h": CODEC, "cuda.h": CODEC,
     "communicator.h": COLLECTIVE, "inprocess_group.h": COLLECTIVE, "collectives.h": COLLECTIVE, "reduce_scatter.h": COLLECTIVE, "all_gather.h": COLLECTIVE, "outer_sync.h": COLLECTIVE, "outer_short_run.h": COLLECTIVE,
     "nccl_communicator.h": COLLECTIVE, "fault_injection.h": COLLECTIVE, "shm_communicator.h": COLLECTIVE, "engine.h": ENGINE, "codec_spec.h": ENGINE, "gradcomp.h": UMBRELLA,
 }

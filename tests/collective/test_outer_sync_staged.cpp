@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "gradcomp/backend.h"
+#include "gradcomp/forwarding_backend.h"
 #include "gradcomp/inprocess_group.h"
 #include "gradcomp/outer_sync.h"
 #include "math/half.h"
@@ -19,49 +19,15 @@ namespace {
 
 // The CPU backend with its outer operations withheld, as the CUDA backend under v1 withholds
 // them: OuterSync must stage through its own host backend and never call these.
-class NoOuterKernels final : public Backend {
+class NoOuterKernels final : public ForwardingBackend {
  public:
-  bool is_cuda() const override { return false; }
-  void check_codec(uint8_t codec) const override { inner_->check_codec(codec); }
-  void* allocate(size_t bytes) override { return inner_->allocate(bytes); }
-  void release(void* p) noexcept override { inner_->release(p); }
-  void fill_zero(void* p, size_t bytes) override { inner_->fill_zero(p, bytes); }
-  void copy_to_host(void* host, const void* src, size_t bytes) override {
-    inner_->copy_to_host(host, src, bytes);
-  }
-  void copy_from_host(void* dst, const void* host, size_t bytes) override {
-    inner_->copy_from_host(dst, host, bytes);
-  }
-  void copy(void* dst, const void* src, size_t bytes) override { inner_->copy(dst, src, bytes); }
-  void q4_encode(const Q4EncodeParams& p) override { inner_->q4_encode(p); }
-  void q4_decode(const Q4DecodeParams& p) override { inner_->q4_decode(p); }
-  void topk_encode(const TopKEncodeParams& p) override { inner_->topk_encode(p); }
-  void topk_decode(const TopKDecodeParams& p) override { inner_->topk_decode(p); }
-  void check_payloads(const PayloadCheckParams& p) override { inner_->check_payloads(p); }
-  void topk_accumulate(const TopKAccumulateParams& p) override { inner_->topk_accumulate(p); }
-  void topk_mask(const TopKMaskParams& p) override { inner_->topk_mask(p); }
-  void scan_nonfinite(const NonfiniteScanParams& p) override { inner_->scan_nonfinite(p); }
-  size_t topk_workspace_bytes(int64_t n) const override { return inner_->topk_workspace_bytes(n); }
-  bool take_decode_status() override { return inner_->take_decode_status(); }
-  void end_bucket(const ResidualPair* pairs, int count) override {
-    inner_->end_bucket(pairs, count);
-  }
-  uint64_t take_nonfinite_buckets() override { return inner_->take_nonfinite_buckets(); }
-  bool poll_nonfinite_buckets(uint64_t* count) override {
-    return inner_->poll_nonfinite_buckets(count);
-  }
-  void int8_encode(const Int8EncodeParams& p) override { inner_->int8_encode(p); }
-  void int8_decode(const Int8DecodeParams& p) override { inner_->int8_decode(p); }
-  const char* int8_unsupported() const override { return nullptr; }
+  NoOuterKernels() : ForwardingBackend(make_cpu_backend()) {}
   void outer_gradient(const OuterGradientParams&) override { ADD_FAILURE() << "outer_gradient"; }
   void outer_step(const OuterStepParams&) override { ADD_FAILURE() << "outer_step"; }
   void outer_merge(const OuterMergeParams&) override { ADD_FAILURE() << "outer_merge"; }
   const char* outer_unsupported() const override {
     return "no outer kernels (set GRADCOMP_KERNELS=v2)";
   }
-
- private:
-  std::unique_ptr<Backend> inner_ = make_cpu_backend();
 };
 
 // Mixed-dtype parameters (fp32, bf16, fp16), the same start on every rank.

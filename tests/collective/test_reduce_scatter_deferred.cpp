@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gradcomp/format.h"
+#include "gradcomp/forwarding_backend.h"
 #include "gradcomp/inprocess_group.h"
 #include "gradcomp/reduce_scatter.h"
 #include "run_ranks.h"
@@ -24,53 +25,36 @@ using testing::run_ranks;
 // status instead of raising, decodes then write nothing and end_bucket() keeps the committed
 // residuals; reports come late (poll: a copy queued by one call, ready at a later poll when
 // `ready` is set; take_nonfinite_buckets: at once, as after a wait).
-class DeferredStatusBackend final : public Backend {
+class DeferredStatusBackend final : public ForwardingBackend {
  public:
+  DeferredStatusBackend() : ForwardingBackend(make_cpu_backend()) {}
   bool ready = true;
   bool is_cuda() const override { return true; }
-  void* allocate(size_t bytes) override { return cpu_->allocate(bytes); }
-  void release(void* p) noexcept override { cpu_->release(p); }
-  void fill_zero(void* p, size_t bytes) override { cpu_->fill_zero(p, bytes); }
-  void copy_to_host(void* h, const void* s, size_t n) override { cpu_->copy_to_host(h, s, n); }
-  void copy_from_host(void* d, const void* h, size_t n) override { cpu_->copy_from_host(d, h, n); }
-  void copy(void* d, const void* s, size_t n) override { cpu_->copy(d, s, n); }
-  void q4_encode(const Q4EncodeParams& p) override { cpu_->q4_encode(p); }
   void q4_decode(const Q4DecodeParams& p) override {
-    if (status_.empty()) cpu_->q4_decode(p);
+    if (status_.empty()) inner().q4_decode(p);
   }
-  void topk_encode(const TopKEncodeParams& p) override { cpu_->topk_encode(p); }
   void topk_decode(const TopKDecodeParams& p) override {
-    if (status_.empty()) cpu_->topk_decode(p);
+    if (status_.empty()) inner().topk_decode(p);
   }
   void check_payloads(const PayloadCheckParams& p) override {
     if (!status_.empty()) return;
     try {
-      cpu_->check_payloads(p);
+      inner().check_payloads(p);
     } catch (const PayloadError& e) {
       status_ = e.what();
     }
   }
-  void topk_accumulate(const TopKAccumulateParams& p) override { cpu_->topk_accumulate(p); }
-  void topk_mask(const TopKMaskParams& p) override { cpu_->topk_mask(p); }
-  void scan_nonfinite(const NonfiniteScanParams& p) override { cpu_->scan_nonfinite(p); }
-  void outer_gradient(const OuterGradientParams& p) override { cpu_->outer_gradient(p); }
-  void outer_step(const OuterStepParams& p) override { cpu_->outer_step(p); }
-  void outer_merge(const OuterMergeParams& p) override { cpu_->outer_merge(p); }
-  const char* outer_unsupported() const override { return cpu_->outer_unsupported(); }
-  size_t topk_workspace_bytes(int64_t numel) const override {
-    return cpu_->topk_workspace_bytes(numel);
-  }
   bool take_decode_status() override {
     ADD_FAILURE() << "the host waited for a decode's status";
     raise_status();
-    return cpu_->take_decode_status();
+    return inner().take_decode_status();
   }
   void end_bucket(const ResidualPair* pairs, int count) override {
     if (!status_.empty()) {
       for (int i = 0; i < count; ++i)
         std::memcpy(pairs[i].candidate, pairs[i].committed, static_cast<size_t>(pairs[i].bytes));
     }
-    cpu_->end_bucket(pairs, count);
+    inner().end_bucket(pairs, count);
   }
   uint64_t take_nonfinite_buckets() override {
     ++waits;
@@ -82,14 +66,14 @@ class DeferredStatusBackend final : public Backend {
       ready = was;
     }
     raise_status();
-    return polled + cpu_->take_nonfinite_buckets();
+    return polled + inner().take_nonfinite_buckets();
   }
   bool poll_nonfinite_buckets(uint64_t* count) override {
     *count = 0;
     if (!queued_) {
       queued_ = true;
       snapshot_status_ = status_;
-      snapshot_count_ = cpu_->take_nonfinite_buckets();
+      snapshot_count_ = inner().take_nonfinite_buckets();
       return false;
     }
     if (!ready) return false;
@@ -101,9 +85,6 @@ class DeferredStatusBackend final : public Backend {
     *count = snapshot_count_;
     return true;
   }
-  void int8_encode(const Int8EncodeParams& p) override { cpu_->int8_encode(p); }
-  void int8_decode(const Int8DecodeParams& p) override { cpu_->int8_decode(p); }
-  const char* int8_unsupported() const override { return cpu_->int8_unsupported(); }
   int waits = 0;
 
  private:
@@ -113,7 +94,6 @@ class DeferredStatusBackend final : public Backend {
     status_.clear();
     throw PayloadError("device: " + s);
   }
-  std::unique_ptr<Backend> cpu_ = make_cpu_backend();
   std::string status_;
   std::string snapshot_status_;
   uint64_t snapshot_count_ = 0;

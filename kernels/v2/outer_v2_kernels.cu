@@ -7,6 +7,7 @@
 #include "outer_params.h"
 #include "v2/launchers_v2.h"
 #include "v2/outer_v2_map.h"
+#include "v2/span_io.cuh"
 
 namespace gradcomp {
 namespace kernels {
@@ -44,72 +45,10 @@ struct MergeArgs {
   float alpha;
 };
 
-// A parameter element as fp32 and back, with the reference's conversions (math/half.h), so NaN
-// payloads and subnormals keep the CPU's bits.
-template <uint8_t D>
-__device__ __forceinline__ float widen(uint32_t bits16) {
-  return D == math::kDtypeBF16 ? __uint_as_float(bits16 << 16)
-                               : math::half_to_float(static_cast<uint16_t>(bits16));
-}
-template <uint8_t D>
-__device__ __forceinline__ uint32_t narrow(float v) {
-  return D == math::kDtypeBF16 ? math::float_to_bf16(v) : math::float_to_half(v);
-}
-
-// Eight fp32 values at a 16-byte aligned address: two 16-byte accesses. Plain loads, not the
-// read-only path: the step may write its anchor and buffer in place.
-__device__ __forceinline__ void load8(const float* p, float (&v)[kOuterVec]) {
-  const float4 a = reinterpret_cast<const float4*>(p)[0];
-  const float4 b = reinterpret_cast<const float4*>(p)[1];
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-  v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-__device__ __forceinline__ void store8(float* p, const float (&v)[kOuterVec]) {
-  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-}
-
-// Eight parameter elements of dtype D at a 16-byte aligned address: 16-bit ones in one access.
-template <uint8_t D>
-__device__ __forceinline__ void load8_param(const void* p, float (&v)[kOuterVec]) {
-  if (D == math::kDtypeF32) {
-    load8(static_cast<const float*>(p), v);
-  } else {
-    const uint4 a = *static_cast<const uint4*>(p);
-    const uint32_t w[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      v[2 * j] = widen<D>(w[j] & 0xFFFFu);
-      v[2 * j + 1] = widen<D>(w[j] >> 16);
-    }
-  }
-}
-template <uint8_t D>
-__device__ __forceinline__ void store8_param(void* p, const float (&v)[kOuterVec]) {
-  if (D == math::kDtypeF32) {
-    store8(static_cast<float*>(p), v);
-  } else {
-    uint4 a;
-    a.x = narrow<D>(v[0]) | narrow<D>(v[1]) << 16;
-    a.y = narrow<D>(v[2]) | narrow<D>(v[3]) << 16;
-    a.z = narrow<D>(v[4]) | narrow<D>(v[5]) << 16;
-    a.w = narrow<D>(v[6]) | narrow<D>(v[7]) << 16;
-    *static_cast<uint4*>(p) = a;
-  }
-}
-template <uint8_t D>
-__device__ __forceinline__ float load1_param(const void* p, int64_t i) {
-  if (D == math::kDtypeF32) return static_cast<const float*>(p)[i];
-  return widen<D>(static_cast<const uint16_t*>(p)[i]);
-}
-template <uint8_t D>
-__device__ __forceinline__ void store1_param(void* p, int64_t i, float v) {
-  if (D == math::kDtypeF32) {
-    static_cast<float*>(p)[i] = v;
-  } else {
-    static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(narrow<D>(v));
-  }
-}
+// Every access to memory here (span_io.cuh's): the step writes its anchor and buffer in place,
+// and a parameter's bits reach the outer gradient as the CPU's conversions give them.
+constexpr Access kIo = Access::kInPlace;
+static_assert(kOuterVec == kLaneElements, "span_io.cuh's 8-element accesses");
 
 // ---- the outer gradient: gradient = anchor - param (or param, widening the first anchor) ----
 
@@ -122,18 +61,19 @@ __global__ void __launch_bounds__(kOuterThreads) outer_gradient_v2_kernel(const 
   for (int64_t g = m.first_group; g < m.groups; g += m.stride) {
     const int64_t e = g * kOuterVec;
     float p[kOuterVec];
-    load8_param<D>(static_cast<const char*>(a.param) + e * (D == math::kDtypeF32 ? 4 : 2), p);
+    load8_aligned<D, kIo>(static_cast<const char*>(a.param) + e * (D == math::kDtypeF32 ? 4 : 2),
+                          p);
     if constexpr (!kWiden) {
       float an[kOuterVec];
-      load8(a.anchor + e, an);
+      load8_aligned<math::kDtypeF32, kIo>(a.anchor + e, an);
 #pragma unroll
       for (int j = 0; j < kOuterVec; ++j) p[j] = math::outer_gradient(an[j], p[j]);
     }
-    store8(a.gradient + e, p);
+    store8_aligned<math::kDtypeF32, kIo>(a.gradient + e, p);
   }
 #pragma unroll 1
   for (int64_t e = m.first_tail; e < a.n; e += m.stride) {
-    const float p = load1_param<D>(a.param, e);
+    const float p = load1<D, kIo>(a.param, e);
     a.gradient[e] = kWiden ? p : math::outer_gradient(a.anchor[e], p);
   }
 }
@@ -149,16 +89,16 @@ __global__ void __launch_bounds__(kOuterThreads) outer_step_v2_kernel(const Step
   for (int64_t g = m.first_group; g < m.groups; g += m.stride) {
     const int64_t e = g * kOuterVec;
     float an[kOuterVec], gr[kOuterVec], buf[kOuterVec];
-    load8(a.anchor + e, an);
-    load8(a.gradient + e, gr);
-    load8(a.momentum + e, buf);
+    load8_aligned<math::kDtypeF32, kIo>(a.anchor + e, an);
+    load8_aligned<math::kDtypeF32, kIo>(a.gradient + e, gr);
+    load8_aligned<math::kDtypeF32, kIo>(a.momentum + e, buf);
 #pragma unroll
     for (int j = 0; j < kOuterVec; ++j)
       an[j] = math::outer_sgd(an[j], gr[j], &buf[j], a.lr, a.mu, kNesterov);
-    store8(a.anchor_out + e, an);
-    if constexpr (kKeep) store8(a.momentum_out + e, buf);
+    store8_aligned<math::kDtypeF32, kIo>(a.anchor_out + e, an);
+    if constexpr (kKeep) store8_aligned<math::kDtypeF32, kIo>(a.momentum_out + e, buf);
     if constexpr (D != kNoStore)
-      store8_param<D>(static_cast<char*>(a.param) + e * (D == math::kDtypeF32 ? 4 : 2), an);
+      store8_aligned<D, kIo>(static_cast<char*>(a.param) + e * (D == math::kDtypeF32 ? 4 : 2), an);
   }
 #pragma unroll 1
   for (int64_t e = m.first_tail; e < a.n; e += m.stride) {
@@ -166,7 +106,7 @@ __global__ void __launch_bounds__(kOuterThreads) outer_step_v2_kernel(const Step
     const float an = math::outer_sgd(a.anchor[e], a.gradient[e], &buf, a.lr, a.mu, kNesterov);
     a.anchor_out[e] = an;
     if constexpr (kKeep) a.momentum_out[e] = buf;
-    if constexpr (D != kNoStore) store1_param<D>(a.param, e, an);
+    if constexpr (D != kNoStore) store1<D, kIo>(a.param, e, an);
   }
 }
 
@@ -191,18 +131,18 @@ __global__ void __launch_bounds__(kOuterThreads) outer_merge_v2_kernel(const Mer
     const int64_t e = g * kOuterVec;
     void* at = static_cast<char*>(a.param) + e * (D == math::kDtypeF32 ? 4 : 2);
     float p[kOuterVec] = {}, gl[kOuterVec], ea[kOuterVec] = {};
-    load8(a.global + e, gl);
-    if constexpr (kReads) load8_param<D>(at, p);
-    if constexpr (kEager) load8(a.eager + e, ea);
+    load8_aligned<math::kDtypeF32, kIo>(a.global + e, gl);
+    if constexpr (kReads) load8_aligned<D, kIo>(at, p);
+    if constexpr (kEager) load8_aligned<math::kDtypeF32, kIo>(a.eager + e, ea);
 #pragma unroll
     for (int j = 0; j < kOuterVec; ++j) p[j] = merge_rule<kMode>(p[j], gl[j], ea[j], a.alpha);
-    store8_param<D>(at, p);
+    store8_aligned<D, kIo>(at, p);
   }
 #pragma unroll 1
   for (int64_t e = m.first_tail; e < a.n; e += m.stride) {
-    const float p = kReads ? load1_param<D>(a.param, e) : 0.0f;
-    store1_param<D>(a.param, e,
-                    merge_rule<kMode>(p, a.global[e], kEager ? a.eager[e] : 0.0f, a.alpha));
+    const float p = kReads ? load1<D, kIo>(a.param, e) : 0.0f;
+    store1<D, kIo>(a.param, e,
+                   merge_rule<kMode>(p, a.global[e], kEager ? a.eager[e] : 0.0f, a.alpha));
   }
 }
 
@@ -226,10 +166,6 @@ void with_dtype(uint8_t d, F&& f) {
   } else {
     f(U8<math::kDtypeF32>{});
   }
-}
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
 int grid_for(int64_t n) {

@@ -32,9 +32,17 @@ struct Dtype<math::kDtypeBF16> {
   static constexpr int kBytes = 2;
 };
 
-template <uint8_t D>
+// How a kernel's accesses reach its data. kStreamed: data each kernel reads or writes once (the
+// codecs' buckets and residuals): cache-streaming accesses, fp16 widened by the hardware
+// conversion. kInPlace: data a kernel may rewrite in place (DiLoCo's outer state and
+// parameters, outer_v2_kernels.cu): ordinary accesses, fp16 widened by the reference's software
+// conversion (math/half.h), as a parameter's NaN reaches the outer gradient bit for bit.
+enum class Access { kStreamed, kInPlace };
+
+template <uint8_t D, Access A = Access::kStreamed>
 __device__ __forceinline__ float widen(uint32_t half_bits) {
   if (D == math::kDtypeBF16) return __uint_as_float(half_bits << 16);
+  if (A == Access::kInPlace) return math::half_to_float(static_cast<uint16_t>(half_bits));
   return __half2float(__ushort_as_half(static_cast<unsigned short>(half_bits)));
 }
 
@@ -43,50 +51,66 @@ __device__ __forceinline__ uint32_t narrow(float v) {
   return D == math::kDtypeBF16 ? math::float_to_bf16(v) : math::float_to_half(v);
 }
 
-// 8 elements at a 16-byte aligned global address, streamed (read once).
-template <uint8_t D>
+// One global load or store with A's cache policy.
+template <Access A, typename T>
+__device__ __forceinline__ T load_global(const T* p) {
+  if constexpr (A == Access::kStreamed) return __ldcs(p);
+  return *p;
+}
+template <Access A, typename T>
+__device__ __forceinline__ void store_global(T* p, T v) {
+  if constexpr (A == Access::kStreamed) {
+    __stcs(p, v);
+  } else {
+    *p = v;
+  }
+}
+
+// 8 elements at a 16-byte aligned global address: two 16-byte accesses for fp32, one otherwise.
+template <uint8_t D, Access A = Access::kStreamed>
 __device__ __forceinline__ void load8_aligned(const void* p, float (&v)[kLaneElements]) {
   if (D == math::kDtypeF32) {
-    const float4 a = __ldcs(static_cast<const float4*>(p));
-    const float4 b = __ldcs(static_cast<const float4*>(p) + 1);
+    const float4 a = load_global<A>(static_cast<const float4*>(p));
+    const float4 b = load_global<A>(static_cast<const float4*>(p) + 1);
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
     v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
   } else {
-    const uint4 a = __ldcs(static_cast<const uint4*>(p));
+    const uint4 a = load_global<A>(static_cast<const uint4*>(p));
     const uint32_t w[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      v[2 * j] = widen<D>(w[j] & 0xFFFFu);
-      v[2 * j + 1] = widen<D>(w[j] >> 16);
+      v[2 * j] = widen<D, A>(w[j] & 0xFFFFu);
+      v[2 * j + 1] = widen<D, A>(w[j] >> 16);
     }
   }
 }
 
-template <uint8_t D>
+template <uint8_t D, Access A = Access::kStreamed>
 __device__ __forceinline__ void store8_aligned(void* p, const float (&v)[kLaneElements]) {
   if (D == math::kDtypeF32) {
-    __stcs(static_cast<float4*>(p), make_float4(v[0], v[1], v[2], v[3]));
-    __stcs(static_cast<float4*>(p) + 1, make_float4(v[4], v[5], v[6], v[7]));
+    store_global<A>(static_cast<float4*>(p), make_float4(v[0], v[1], v[2], v[3]));
+    store_global<A>(static_cast<float4*>(p) + 1, make_float4(v[4], v[5], v[6], v[7]));
   } else {
     uint32_t w[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) w[j] = narrow<D>(v[2 * j]) | (narrow<D>(v[2 * j + 1]) << 16);
-    __stcs(static_cast<uint4*>(p), make_uint4(w[0], w[1], w[2], w[3]));
+    store_global<A>(static_cast<uint4*>(p), make_uint4(w[0], w[1], w[2], w[3]));
   }
 }
 
 // One element at a global address of any element alignment.
-template <uint8_t D>
+template <uint8_t D, Access A = Access::kStreamed>
 __device__ __forceinline__ float load1(const void* base, int64_t i) {
-  if (D == math::kDtypeF32) return __ldcs(static_cast<const float*>(base) + i);
-  return widen<D>(__ldcs(static_cast<const unsigned short*>(base) + i));
+  if (D == math::kDtypeF32) return load_global<A>(static_cast<const float*>(base) + i);
+  return widen<D, A>(load_global<A>(static_cast<const unsigned short*>(base) + i));
 }
-template <uint8_t D>
+template <uint8_t D, Access A = Access::kStreamed>
 __device__ __forceinline__ void store1(void* base, int64_t i, float v) {
   if (D == math::kDtypeF32) {
-    __stcs(static_cast<float*>(base) + i, v);
+    store_global<A>(static_cast<float*>(base) + i, v);
   } else {
-    __stcs(static_cast<unsigned short*>(base) + i, static_cast<unsigned short>(narrow<D>(v)));
+    store_global<A>(static_cast<unsigned short*>(base) + i,
+                    static_cast<unsigned short>(narrow<D>(v)));
   }
 }
 

@@ -1,5 +1,6 @@
 // End-of-bucket kernels: flag a gathered bucket's non-finite values, and keep the committed
 // residuals when the bucket's result is non-finite.
+#include "end_bucket_grid.h"
 #include "launchers.h"
 #include "segment_io.cuh"
 
@@ -7,10 +8,7 @@ namespace gradcomp {
 namespace kernels {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kMaxBlocks = 1024;
-
-__global__ void __launch_bounds__(kThreads) end_bucket_kernel(const EndBucketParams p) {
+__global__ void __launch_bounds__(kEndBucketThreads) end_bucket_kernel(const EndBucketParams p) {
   if (*p.nonfinite == 0) return;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -31,7 +29,8 @@ __global__ void __launch_bounds__(kThreads) end_bucket_kernel(const EndBucketPar
 
 // Grid-stride over the flattened segments; any thread that sees a NaN or an infinity sets the
 // flag (every writer stores the same value).
-__global__ void __launch_bounds__(kThreads) nonfinite_scan_kernel(const NonfiniteScanParams p) {
+__global__ void __launch_bounds__(kEndBucketThreads)
+    nonfinite_scan_kernel(const NonfiniteScanParams p) {
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   bool bad = false;
@@ -53,9 +52,8 @@ LaunchStatus run_nonfinite_scan(const NonfiniteScanParams& p, cudaStream_t strea
   LaunchStatus s;
   if ((s.rejected = params_problem(p)) != nullptr) return s;
   if (p.numel == 0) return s;
-  uint64_t blocks = (static_cast<uint64_t>(p.numel) + kThreads - 1) / kThreads;
-  blocks = blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks);
-  nonfinite_scan_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  nonfinite_scan_kernel<<<end_bucket_blocks_for(static_cast<uint64_t>(p.numel)), kEndBucketThreads,
+                          0, stream>>>(p);
   return launched(cudaGetLastError());
 }
 
@@ -66,13 +64,7 @@ LaunchStatus run_end_bucket(const EndBucketParams& p, cudaStream_t stream) {
     s.rejected = "no device status words";
     return s;
   }
-  uint64_t largest = 0;
-  for (int i = 0; i < p.num_pairs; ++i)
-    largest = p.pairs[i].bytes > largest ? p.pairs[i].bytes : largest;
-  const uint64_t words = (largest + 3) / 4;
-  uint64_t blocks = (words + kThreads - 1) / kThreads;
-  blocks = blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks);
-  end_bucket_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  end_bucket_kernel<<<end_bucket_blocks(p), kEndBucketThreads, 0, stream>>>(p);
   return launched(cudaGetLastError());
 }
 

@@ -1,5 +1,6 @@
 // v2's end-of-bucket kernel: the committed residuals kept for a non-finite result or a rejected
 // payload, decided on the device so that the host never reads the verdict inside a call.
+#include "end_bucket_grid.h"
 #include "v2/end_bucket_v2.h"
 
 namespace gradcomp {
@@ -7,12 +8,9 @@ namespace kernels {
 namespace v2 {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kMaxBlocks = 1024;
-
 // Nothing to do (the common case) costs two loads; otherwise a grid-stride copy, 4-byte words
 // where both ends are aligned (residual buffers are), bytes otherwise.
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kEndBucketThreads)
     end_bucket_v2_kernel(const EndBucketParams p, const int32_t* status) {
   const bool nonfinite = *p.nonfinite != 0;
   if (!nonfinite && *status == 0) return;
@@ -46,13 +44,7 @@ LaunchStatus run_end_bucket(const EndBucketParams& p, const int32_t* status, cud
     s.rejected = "no device status words";
     return s;
   }
-  uint64_t largest = 0;
-  for (int i = 0; i < p.num_pairs; ++i)
-    largest = p.pairs[i].bytes > largest ? p.pairs[i].bytes : largest;
-  const uint64_t words = (largest + 3) / 4;
-  uint64_t blocks = (words + kThreads - 1) / kThreads;
-  blocks = blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks);
-  end_bucket_v2_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, status);
+  end_bucket_v2_kernel<<<end_bucket_blocks(p), kEndBucketThreads, 0, stream>>>(p, status);
   return launched(cudaGetLastError());
 }
 

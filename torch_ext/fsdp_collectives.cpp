@@ -70,13 +70,7 @@ bool FsdpCollective::counted(const at::Tensor& t, uint64_t uncompressed,
   try {
     finite = run();
   } catch (const Error& e) {
-    std::lock_guard<std::mutex> stats_lock(stats_mu_);
-    d.failed_buckets = 1;
-    d.failed_steps = step_.failed_buckets == 0 ? 1 : 0;  // one per step, not per module
-    d.rejected_payloads = dynamic_cast<const PayloadError*>(&e) != nullptr ? 1 : 0;
-    total_.add(d);
-    step_.add(d);
-    TORCH_CHECK(false, e.what());
+    count_failure(e);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -100,6 +94,29 @@ bool FsdpCollective::counted(const at::Tensor& t, uint64_t uncompressed,
   step_.add(d);
   total_.residual_bytes = step_.residual_bytes = residuals;  // a gauge: the latest value
   return finite;
+}
+
+void FsdpCollective::count_failure(const Error& e) {
+  {
+    std::lock_guard<std::mutex> stats_lock(stats_mu_);
+    ReductionStats d;
+    d.failed_buckets = 1;
+    d.failed_steps = step_.failed_buckets == 0 ? 1 : 0;  // one per step, not per module
+    d.rejected_payloads = dynamic_cast<const PayloadError*>(&e) != nullptr ? 1 : 0;
+    total_.add(d);
+    step_.add(d);
+  }
+  TORCH_CHECK(false, e.what());
+}
+
+void FsdpCollective::flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!bound()) return;
+  try {
+    flush_collective();
+  } catch (const Error& e) {
+    count_failure(e);
+  }
 }
 
 ReductionStats FsdpCollective::total_stats() const {
@@ -151,6 +168,11 @@ CompressionState FsdpReduceScatter::collective_state() const {
 
 void FsdpReduceScatter::load_collective_state(const CompressionState& state) {
   call_core([&] { collective_->load_state(state); });
+}
+
+void FsdpReduceScatter::flush_collective() {
+  GRADCOMP_PHASE("gradcomp::fsdp_reduce_scatter_flush");
+  collective_->flush();
 }
 
 bool FsdpReduceScatter::reduce_scatter(const at::Tensor& output, const at::Tensor& input,

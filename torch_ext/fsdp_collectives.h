@@ -32,6 +32,10 @@ class FsdpCollective {
   CompressionState state() const;
   // Before the first call: kept until it binds.
   void load_state(const CompressionState& state);
+  // Waits for the verdicts the device has not reported yet (the v2 reduce-scatter's last calls)
+  // and raises a rejected payload's error, counted as the call's would be; nothing to do before
+  // the first call or where every call reports its own verdict. Safe to call again.
+  void flush();
 
  protected:
   FsdpCollective(c10::intrusive_ptr<c10d::ProcessGroup> group, CompressionConfig config,
@@ -45,6 +49,8 @@ class FsdpCollective {
   virtual CompressionState collective_state() const = 0;
   virtual void load_collective_state(const CompressionState& state) = 0;
   virtual uint64_t residual_memory() const = 0;
+  // The collective's flush (under the lock, once bound).
+  virtual void flush_collective() {}
   bool bound() const { return device_.has_value(); }
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
@@ -52,6 +58,8 @@ class FsdpCollective {
 
  private:
   void bind(const at::Tensor& t);
+  // Counts a failed call (or flush) and raises its error as a c10::Error.
+  [[noreturn]] void count_failure(const Error& e);
 
   std::chrono::milliseconds timeout_;
   mutable std::mutex mu_;  // the collective and its state: held across the network wait
@@ -81,6 +89,7 @@ class FsdpReduceScatter final : public FsdpCollective {
   CompressionState collective_state() const override;
   void load_collective_state(const CompressionState& state) override;
   uint64_t residual_memory() const override { return collective_->residual_memory(); }
+  void flush_collective() override;
   std::unique_ptr<CompressedReduceScatter> collective_;
 };
 

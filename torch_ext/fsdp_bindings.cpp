@@ -40,6 +40,7 @@ void bind_fsdp_collectives(py::module_& m) {
       .def("world_size", &FsdpCollective::world_size)
       .def("last_step_stats", [](const FsdpCollective& c) { return stats_dict(c.step_stats()); })
       .def("total_stats", [](const FsdpCollective& c) { return stats_dict(c.total_stats()); })
+      .def("flush", &FsdpCollective::flush, py::call_guard<py::gil_scoped_release>())
       .def("state_dict",
            [](const FsdpCollective& c) {
              const gradcomp::CompressionState s = c.state();

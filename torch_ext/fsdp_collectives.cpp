@@ -57,26 +57,20 @@ void FsdpCollective::bind(const at::Tensor& t) {
   stream_ = stream;
 }
 
-bool FsdpCollective::counted(const at::Tensor& t, uint64_t uncompressed,
-                             const std::function<bool()>& run,
-                             const std::function<uint32_t()>& step) {
+uint64_t FsdpCollective::counted(const at::Tensor& t, uint64_t uncompressed,
+                                 const std::function<uint64_t()>& run,
+                                 const std::function<uint32_t()>& step) {
   std::lock_guard<std::mutex> lock(mu_);
   bind(t);
   const uint64_t bytes_before = comm_->bytes_sent();
   const double comm_before = comm_->seconds();
   const auto start = std::chrono::steady_clock::now();
   ReductionStats d;
-  bool finite = false;
+  uint64_t nonfinite = 0;
   try {
-    finite = run();
+    nonfinite = run();
   } catch (const Error& e) {
-    std::lock_guard<std::mutex> stats_lock(stats_mu_);
-    d.failed_buckets = 1;
-    d.failed_steps = step_.failed_buckets == 0 ? 1 : 0;  // one per step, not per module
-    d.rejected_payloads = dynamic_cast<const PayloadError*>(&e) != nullptr ? 1 : 0;
-    total_.add(d);
-    step_.add(d);
-    TORCH_CHECK(false, e.what());
+    count_failure(e);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -94,12 +88,39 @@ bool FsdpCollective::counted(const at::Tensor& t, uint64_t uncompressed,
   d.uncompressed_bytes = world_size() > 1 ? uncompressed : 0;
   d.comm_seconds = comm_->seconds() - comm_before;
   d.codec_seconds = seconds - d.comm_seconds;
-  d.nonfinite_buckets = finite ? 0 : 1;
+  d.nonfinite_buckets = nonfinite;
   d.observe_latency(seconds);
   total_.add(d);
   step_.add(d);
   total_.residual_bytes = step_.residual_bytes = residuals;  // a gauge: the latest value
-  return finite;
+  return nonfinite;
+}
+
+void FsdpCollective::count_failure(const Error& e) {
+  {
+    std::lock_guard<std::mutex> stats_lock(stats_mu_);
+    ReductionStats d;
+    d.failed_buckets = 1;
+    d.failed_steps = step_.failed_buckets == 0 ? 1 : 0;  // one per step, not per module
+    d.rejected_payloads = dynamic_cast<const PayloadError*>(&e) != nullptr ? 1 : 0;
+    total_.add(d);
+    step_.add(d);
+  }
+  TORCH_CHECK(false, e.what());
+}
+
+void FsdpCollective::flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!bound()) return;
+  uint64_t nonfinite = 0;
+  try {
+    nonfinite = flush_collective();
+  } catch (const Error& e) {
+    count_failure(e);
+  }
+  std::lock_guard<std::mutex> stats_lock(stats_mu_);
+  total_.nonfinite_buckets += nonfinite;  // the last calls' steps: counted with the latest step
+  step_.nonfinite_buckets += nonfinite;
 }
 
 ReductionStats FsdpCollective::total_stats() const {
@@ -153,6 +174,13 @@ void FsdpReduceScatter::load_collective_state(const CompressionState& state) {
   call_core([&] { collective_->load_state(state); });
 }
 
+uint64_t FsdpReduceScatter::flush_collective() {
+  GRADCOMP_PHASE("gradcomp::fsdp_reduce_scatter_flush");
+  const uint64_t before = collective_->nonfinite_buckets();
+  collective_->flush();
+  return collective_->nonfinite_buckets() - before;
+}
+
 bool FsdpReduceScatter::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                                        uint64_t bucket_id, double divisor) {
   check_gradient_tensor(input, "FSDP reduce-scatter input");
@@ -172,13 +200,18 @@ bool FsdpReduceScatter::reduce_scatter(const at::Tensor& output, const at::Tenso
   r.dtype = to_dtype(input.scalar_type(), "FSDP reduce-scatter input");
   r.bucket_id = bucket_id;
   r.divisor = static_cast<float>(divisor);
-  return counted(
+  bool finite = true;
+  counted(
       input, reduce_scatter_bytes(r.shard_numel, r.dtype, world),
       [&] {
         GRADCOMP_PHASE("gradcomp::fsdp_reduce_scatter");
-        return collective_->reduce_scatter(r);
+        // The v2 reduce-scatter's earlier calls' non-finite verdicts arrive with this one.
+        const uint64_t before = collective_->nonfinite_buckets();
+        finite = collective_->reduce_scatter(r);
+        return collective_->nonfinite_buckets() - before;
       },
       [&] { return collective_->next_step() - 1; });
+  return finite;
 }
 
 // ---- the all-reduce across replicas --------------------------------------------------------
@@ -207,7 +240,7 @@ void FsdpReplicaAllreduce::load_collective_state(const CompressionState& state) 
 bool FsdpReplicaAllreduce::allreduce(const at::Tensor& tensor, uint64_t bucket_id) {
   check_gradient_tensor(tensor, "HSDP all-reduce gradient");
   const DType dtype = to_dtype(tensor.scalar_type(), "HSDP all-reduce gradient");
-  return counted(
+  const uint64_t nonfinite = counted(
       tensor, ring_allreduce_bytes(tensor.numel(), dtype, world_size()),
       [&] {
         GRADCOMP_PHASE("gradcomp::hsdp_allreduce");
@@ -215,9 +248,10 @@ bool FsdpReplicaAllreduce::allreduce(const at::Tensor& tensor, uint64_t bucket_i
         const Segment whole = whole_segment(tensor);
         const bool finite = collective_->allreduce(&whole, 1, dtype, bucket_id);
         rounds_.done(bucket_id);
-        return finite;
+        return uint64_t{finite ? 0u : 1u};
       },
       [&] { return collective_->step(); });
+  return nonfinite == 0;
 }
 
 // ---- the int8 parameter all-gather ---------------------------------------------------------
@@ -283,7 +317,7 @@ void FsdpAllGather::all_gather(const at::Tensor& output, const at::Tensor& input
         rounds_.step_for(key);
         collective_->all_gather(r);
         rounds_.done(key);
-        return true;
+        return uint64_t{0};
       },
       [&] { return rounds_.next() - 1; });
 }

@@ -32,19 +32,27 @@ class FsdpCollective {
   CompressionState state() const;
   // Before the first call: kept until it binds.
   void load_state(const CompressionState& state);
+  // Waits for the verdicts the device has not reported yet (the v2 reduce-scatter's last calls),
+  // counts the non-finite buckets among them, and raises a rejected payload's error, counted as
+  // the call's would be; nothing to do before
+  // the first call or where every call reports its own verdict. Safe to call again.
+  void flush();
 
  protected:
   FsdpCollective(c10::intrusive_ptr<c10d::ProcessGroup> group, CompressionConfig config,
                  std::chrono::milliseconds timeout);
-  // Binds at the first call, then runs `run` (core code returning whether the result is finite;
+  // Binds at the first call, then runs `run` (core code returning how many non-finite buckets it
+  // reported: its own result's, and on a collective whose verdicts come late, those that arrived;
   // its gradcomp::Error becomes a c10::Error) and counts it as one bucket of `step` sending what
-  // an uncompressed collective would send in `uncompressed` bytes.
-  bool counted(const at::Tensor& t, uint64_t uncompressed, const std::function<bool()>& run,
-               const std::function<uint32_t()>& step);
+  // an uncompressed collective would send in `uncompressed` bytes. Returns what `run` returned.
+  uint64_t counted(const at::Tensor& t, uint64_t uncompressed, const std::function<uint64_t()>& run,
+                   const std::function<uint32_t()>& step);
   virtual void make_collective(Communicator& comm, Backend& backend) = 0;
   virtual CompressionState collective_state() const = 0;
   virtual void load_collective_state(const CompressionState& state) = 0;
   virtual uint64_t residual_memory() const = 0;
+  // The collective's flush (under the lock, once bound): the non-finite buckets it reported.
+  virtual uint64_t flush_collective() { return 0; }
   bool bound() const { return device_.has_value(); }
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
@@ -52,6 +60,8 @@ class FsdpCollective {
 
  private:
   void bind(const at::Tensor& t);
+  // Counts a failed call (or flush) and raises its error as a c10::Error.
+  [[noreturn]] void count_failure(const Error& e);
 
   std::chrono::milliseconds timeout_;
   mutable std::mutex mu_;  // the collective and its state: held across the network wait
@@ -81,6 +91,7 @@ class FsdpReduceScatter final : public FsdpCollective {
   CompressionState collective_state() const override;
   void load_collective_state(const CompressionState& state) override;
   uint64_t residual_memory() const override { return collective_->residual_memory(); }
+  uint64_t flush_collective() override;
   std::unique_ptr<CompressedReduceScatter> collective_;
 };
 

@@ -312,6 +312,7 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
     throw PayloadError(rejection_naming_rank(b, e.what()));
   }
   if (config_.error_feedback && !nonfinite) b.current ^= 1;
+  if (nonfinite) ++nonfinite_buckets_;
   rounds_.done(r.bucket_id);
   return !nonfinite;
 }
@@ -364,12 +365,6 @@ std::string CompressedReduceScatter::rejection_of_unread(const std::string& devi
 
 void CompressedReduceScatter::flush() {
   if (device_decides_) read_verdicts(true);
-}
-
-uint64_t CompressedReduceScatter::take_nonfinite_buckets() {
-  const uint64_t n = nonfinite_buckets_;
-  nonfinite_buckets_ = 0;
-  return n;
 }
 
 std::string CompressedReduceScatter::rejection_naming_rank(const Bucket& b,
@@ -441,7 +436,6 @@ void CompressedReduceScatter::load_state(const CompressionState& s) {
                                           "velocities), not a reduce-scatter's");
   flush();  // the calls before it are read (and a rejection among them raised) first
   rounds_.restart(s.step);
-  nonfinite_buckets_ = 0;
   buckets_.clear();
   pending_ = s;
 }

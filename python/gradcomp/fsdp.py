@@ -106,6 +106,17 @@ class FsdpHook:
     def _replica_allreduce(self, group, bucket: int, tensor) -> None:
         self._collective("replicate", group).allreduce(tensor, bucket)
 
+    def flush(self) -> None:
+        """Waits for the verdicts the device has not reported yet and raises a rejected payload's error
+        (naming the module's bucket and the sending rank). With ``GRADCOMP_KERNELS=v2`` on CUDA a q4
+        reduce-scatter returns before the device has checked what it received: a rejection or a non-finite
+        result is reported by a later call, so the last ones of a run only by this. Call it before you
+        trust the last step's gradients (after the last backward, before ``optimizer.step()``) and before
+        saving; ``stats()`` and ``state_dict()`` call it. On the CPU, and elsewhere on CUDA, every call
+        reports its own verdict and this does nothing. Safe to call again."""
+        for collective in self._collectives.values():
+            collective.flush()
+
     def stats(self) -> dict:
         """``{"step": ..., "total": ...}``: the gradients' collectives (reduce-scatter and replica
         all-reduce): buckets (one per module and collective per step), bytes sent (a module's first step
@@ -115,7 +126,9 @@ class FsdpHook:
         all-gather (``params=``) counts only under ``"all_gather"`` (its uncompressed bytes are those of
         FSDP's own all-gather in the parameters' dtype), as its Prometheus series are gradcomp_weight_*
         beside the gradients' gradcomp_*: the wire carries the sum of both. Zero until a collective ran
-        (FSDP calls none at one rank)."""
+        (FSDP calls none at one rank). Calls ``flush()`` first (on CUDA under v2: one wait for the device),
+        so the last calls' verdicts are counted, and a rejection among them raises here."""
+        self.flush()
         per = {k: {"step": c.last_step_stats(), "total": c.total_stats()} for k, c in self._collectives.items()}
         gradients = [p for k, p in per.items() if k != "all_gather"]
         return {"step": _sum_stats([p["step"] for p in gradients]),
@@ -132,7 +145,9 @@ class FsdpHook:
 
     def local_state_dict(self) -> dict:
         """This rank's state as plain dicts: per collective, its residuals (uint8 tensors by bucket),
-        step, seed and group size."""
+        step, seed and group size. Calls ``flush()`` first: a state is saved only after the device accepted
+        every call before it."""
+        self.flush()
         out = {"format": 1, "kind": "gradcomp_fsdp"}
         for kind in ("reduce_scatter", "replicate"):
             if kind in self._collectives:

@@ -152,6 +152,7 @@ TEST(ReduceScatterDeferred, EqualsTheHostPathOverRoundsWithAPoisonedOne) {
   for (bool ready : {true, false}) {
     std::vector<std::vector<uint8_t>> out[2][world];
     uint64_t nonfinite[2][world] = {};
+    int returned_nonfinite[2][world] = {};
     CompressionState state[2][world];
     int waits[world] = {};
     for (int deferred = 0; deferred < 2; ++deferred) {
@@ -170,19 +171,21 @@ TEST(ReduceScatterDeferred, EqualsTheHostPathOverRoundsWithAPoisonedOne) {
             HostTensor y(DType::kBFloat16, shard);
             if (!rs.reduce_scatter(
                     {x.bytes.data(), y.bytes.data(), shard, DType::kBFloat16, bucket, 3.0f}))
-              ++nonfinite[deferred][rank];
+              ++returned_nonfinite[deferred][rank];
             out[deferred][rank].push_back(y.bytes);
           }
         }
         if (deferred) waits[rank] = device.waits;
         rs.flush();
-        nonfinite[deferred][rank] += rs.take_nonfinite_buckets();
+        nonfinite[deferred][rank] = rs.nonfinite_buckets();
         state[deferred][rank] = rs.state();
       });
     }
     for (int rank = 0; rank < world; ++rank) {
       EXPECT_EQ(nonfinite[0][rank], 1u) << "the host path: the poisoned call, on every rank";
+      EXPECT_EQ(returned_nonfinite[0][rank], 1) << "the host path returns its own verdict";
       EXPECT_EQ(nonfinite[1][rank], 1u) << "ready " << ready;
+      EXPECT_EQ(returned_nonfinite[1][rank], 0) << "the deferred calls return true";
       EXPECT_EQ(waits[rank], ready ? 0 : rounds - 1) << "ready " << ready;
       ASSERT_EQ(out[1][rank].size(), out[0][rank].size());
       for (size_t i = 0; i < out[0][rank].size(); ++i)
@@ -305,6 +308,56 @@ TEST(ReduceScatterDeferred, CallsAfterAnUnreadRejectionAdvanceNothing) {
     EXPECT_EQ(after.residuals.at(6), zeros) << "bucket 6 adopted a residual after the rejection";
     rs.flush();  // raised once
   });
+}
+
+// The non-finite counter: the host path counts a bucket at its call, the deferred one when a
+// later call reads its verdict, and the run's last call only at flush() (what the front ends'
+// stats read). Never ahead of the host path; equal to it after flush().
+TEST(ReduceScatterDeferred, NonfiniteBucketsAreCountedWhenTheirVerdictArrives) {
+  const int world = 2, calls = 6;
+  const int64_t shard = 200;
+  const DType dtype = DType::kFloat32;
+  const auto poisoned = [](int call) { return call == 3 || call == calls - 1; };
+  for (bool ready : {true, false}) {
+    uint64_t counted[2][world][calls] = {};
+    uint64_t flushed[2][world] = {};
+    for (int deferred = 0; deferred < 2; ++deferred) {
+      InProcessGroup group(world);
+      run_ranks(group, [&](int rank, Communicator& host) {
+        CorruptingTransport device_comm(host, /*device_memory=*/true);
+        DeferredStatusBackend device;
+        device.ready = ready;
+        auto cpu = make_cpu_backend();
+        CompressedReduceScatter rs(deferred ? static_cast<Communicator&>(device_comm) : host,
+                                   deferred ? static_cast<Backend&>(device) : *cpu, v2_config());
+        for (int call = 0; call < calls; ++call) {
+          std::vector<float> v = testing::normal_floats(shard * world, 10 * rank + call);
+          if (rank == 1 && poisoned(call)) v[7] = INFINITY;
+          HostTensor x = HostTensor::from_floats(dtype, v);
+          HostTensor y(dtype, shard);
+          rs.reduce_scatter({x.bytes.data(), y.bytes.data(), shard, dtype,
+                             static_cast<uint64_t>(5 + call % 2), 2.0f});
+          counted[deferred][rank][call] = rs.nonfinite_buckets();
+        }
+        rs.flush();
+        rs.flush();  // counts nothing twice
+        flushed[deferred][rank] = rs.nonfinite_buckets();
+      });
+    }
+    for (int rank = 0; rank < world; ++rank) {
+      uint64_t expected = 0;
+      for (int call = 0; call < calls; ++call) {
+        expected += poisoned(call) ? 1 : 0;
+        EXPECT_EQ(counted[0][rank][call], expected) << "the host path, call " << call;
+        EXPECT_LE(counted[1][rank][call], expected) << "ready " << ready << " call " << call;
+      }
+      EXPECT_EQ(counted[1][rank][calls - 1], 1u)
+          << "ready " << ready << ": call 3's verdict read by a later call, the last call's not";
+      EXPECT_EQ(flushed[0][rank], 2u);
+      EXPECT_EQ(flushed[1][rank], 2u)
+          << "ready " << ready << ": the last call's verdict at flush()";
+    }
+  }
 }
 
 }  // namespace

@@ -38,6 +38,16 @@ def test_a_dcp_checkpoint_with_int8_weights_round_trips_and_resumes_bit_for_bit(
                       str(tmp_path / "dcp")))
 
 
+@pytest.mark.skipif(not (torch.cuda.is_available() and gradcomp.with_cuda),
+                    reason="no CUDA device, or gradcomp built without CUDA")
+@pytest.mark.parametrize("kernels", ["v1", "v2"])
+def test_cpp_api_on_cuda_is_the_reference_bit_for_bit(kernels, monkeypatch):
+    """gradcomp::Int8AllGather's CUDA path (FSDP's, v2 only): two ranks sharing one GPU over Gloo."""
+    monkeypatch.setenv("GRADCOMP_KERNELS", kernels)
+    want = "refused" if kernels == "v1" else "cuda"
+    assert launch("workers_fsdp_params", "int8_all_gather_cases", 2, ["cpp_api_cuda"]) == [[want], [want]]
+
+
 def test_a_torch_without_set_custom_all_gather_is_refused_by_name(monkeypatch):
     from torch.distributed.fsdp import FSDPModule
 

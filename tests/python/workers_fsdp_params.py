@@ -206,6 +206,47 @@ def cpp_api_matches_the_reference(rank, world):
     return "cpp"
 
 
+def cpp_api_on_cuda_matches_the_reference(rank, world):
+    """gradcomp::Int8AllGather on CUDA tensors (the ranks share one GPU over Gloo): under v1 its first call
+    is refused naming GRADCOMP_KERNELS=v2; under v2 the rows equal the reference's of every rank's shard
+    (the input a row of the output), bytes as on the CPU, and a NaN shard is refused by name on every rank
+    with no row written."""
+    import os
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    g = torch.Generator().manual_seed(7 + rank)
+    mine = (torch.randn(77, generator=g) * 0.05).to(torch.bfloat16)
+    every = torch.empty(world * 77, dtype=torch.bfloat16)
+    dist.all_gather_into_tensor(every, mine)
+    expected = int8_all_gather(list(every.view(world, -1)), None, BLOCK)
+    gather = gradcomp._C.Int8AllGather(dist.group.WORLD, BLOCK)
+    out = torch.zeros(world * 77, dtype=torch.bfloat16, device=dev)
+    out[rank * 77:(rank + 1) * 77] = mine.to(dev)
+    if os.environ.get("GRADCOMP_KERNELS") != "v2":
+        try:
+            gather.all_gather(out, out[rank * 77:(rank + 1) * 77], "my_layer")
+        except RuntimeError as e:
+            assert "GRADCOMP_KERNELS=v2" in str(e), str(e)
+            return "refused"
+        raise AssertionError("the v1 kernels' CUDA int8 all-gather was not refused")
+    gather.all_gather(out, out[rank * 77:(rank + 1) * 77], "my_layer")
+    torch.cuda.current_stream().synchronize()
+    assert torch.equal(out.cpu().view(torch.uint8), expected.view(torch.uint8))
+    assert gather.bytes_sent() == (world - 1) * (32 + 32 + 16 + 80)
+    poisoned = mine.to(dev)
+    if rank == world - 1:
+        poisoned[5] = float("nan")
+    marker = torch.full((world * 77,), 3.0, dtype=torch.bfloat16, device=dev)
+    try:
+        gather.all_gather(marker, poisoned, "my_layer")
+    except RuntimeError as e:
+        assert "my_layer" in str(e) and f"rank(s) {world - 1} hold NaN or infinity" in str(e), str(e)
+        assert bool((marker == 3.0).all()), "a refused all-gather wrote rows"
+        return "cuda"
+    raise AssertionError("a NaN shard was all-gathered on CUDA")
+
+
 def weight_metrics_move_with_the_wire(rank, world):
     """The all-gathers' Prometheus series (gradcomp_weight_*) are stats()["all_gather"] and move by the
     bytes this rank's sockets sent in a forward that runs all-gathers alone; the gradient series
@@ -322,6 +363,7 @@ def int8_all_gather_cases(rank, world, cases):
     for case in cases:
         run = {"nan": nan_is_refused, "two_dtypes": two_dtypes_are_fsdps_refusal,
                "cpp_api": cpp_api_matches_the_reference, "metrics": weight_metrics_move_with_the_wire,
+               "cpp_api_cuda": cpp_api_on_cuda_matches_the_reference,
                "hsdp": hsdp_int8_all_gathers_are_the_reference}.get(case)
         out.append(run(rank, world) if run else run_case(rank, world, case))
         dist.barrier()

@@ -91,7 +91,7 @@ class CompressedReduceScatter {
   // allocates and checks the layout): the input's non-finite check is a device flag the encodes
   // read, and the verdict is the device's (a rejected payload or a non-finite result keeps the
   // residual, a rejected one writes no output). It then returns true; the
-  // non-finite buckets are counted by take_nonfinite_buckets() once read. A rejected payload
+  // non-finite buckets are counted by nonfinite_buckets() once read. A rejected payload
   // raises its error (naming the bucket and the sending rank) from a later call: the first whose
   // non-blocking read finds the verdict, at the latest the next call of the same bucket (which
   // waits for it), or flush(). The round counter then goes back to before the rejected call, as
@@ -100,9 +100,10 @@ class CompressedReduceScatter {
   // Waits for the device's verdicts on every call so far and raises a rejected payload's error
   // (nothing to do but on v2 q4 on CUDA). load_state() calls it first.
   void flush();
-  // Non-finite buckets whose verdict was read since the last call (v2 q4 on CUDA; elsewhere the
-  // calls return them and this stays 0).
-  uint64_t take_nonfinite_buckets();
+  // Non-finite results since construction, each counted when its verdict is read: by the call
+  // itself where it returns false, under v2 q4 on CUDA by the later call or flush() that reads it.
+  // Front ends read it after each call and after flush(): the difference is what arrived.
+  uint64_t nonfinite_buckets() const { return nonfinite_buckets_; }
 
   // The step the next new round of buckets uses, as a checkpoint records it.
   uint32_t next_step() const;
@@ -146,7 +147,7 @@ class CompressedReduceScatter {
   bool device_decides_ = false;
   std::vector<UnreadCall> unread_;  // in call order
   size_t snapshot_covers_ = 0;      // unread calls the backend's queued status copy covers
-  uint64_t nonfinite_buckets_ = 0;  // read, not yet taken
+  uint64_t nonfinite_buckets_ = 0;  // read so far, on either path
 };
 
 }  // namespace gradcomp

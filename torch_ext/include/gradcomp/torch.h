@@ -231,8 +231,15 @@ class DiLoCo {
 //   gradcomp::Int8AllGather gather(group);
 //   gather.all_gather(full_weights, my_shard, "layer3");  // full: world * shard.numel() elements
 //
-// CPU tensors (float32, bfloat16 or float16; CUDA is refused by name until its kernels exist).
-// A shard holding NaN or infinity on any rank makes every rank throw, naming `name` and the rank.
+// float32, bfloat16 or float16 tensors on the CPU, or on CUDA with the v2 kernels
+// (GRADCOMP_KERNELS=v2; under v1 the first CUDA call is refused naming it): the collective of
+// gradcomp.torch.fsdp(params=gradcomp.Int8()), the same code. On CUDA the work is queued on the
+// stream current at the first call, which every later call must use (another is refused by name):
+// encode, the group's all-gather and decode follow each other on it without the host waiting, and
+// the call returns after one small read of the payloads' verdicts at its end (so that a refusal
+// raises inside the call that was refused, before the output is used); the output is ready in
+// that stream's order. A shard holding NaN or infinity on any rank makes every rank throw, naming
+// `name` and the rank, with no row written.
 class Int8AllGather {
  public:
   explicit Int8AllGather(c10::intrusive_ptr<c10d::ProcessGroup> group, Int8Options options = {},
@@ -245,7 +252,8 @@ class Int8AllGather {
   // row rank().
   void all_gather(const at::Tensor& output, const at::Tensor& input,
                   const std::string& name = "parameters");
-  // Since construction: bytes this rank sent, and seconds spent encoding and decoding.
+  // Since construction: bytes this rank sent, and seconds spent in the calls outside the
+  // transport (encoding, checking and decoding; on CUDA, queueing them and the verdict read).
   uint64_t bytes_sent() const;
   double codec_seconds() const;
 

@@ -24,6 +24,9 @@ TEST(ShortRunWarning, DueBelowOneHundredRoundsOrWhenTheLengthIsUnknown) {
                   "+11.6 % against +1.0 %"))
       << unknown;
   EXPECT_TRUE(has(unknown, "a user's LM: +17.8 % against +5.6 %")) << unknown;
+  EXPECT_TRUE(
+      has(unknown, "first LM: +0.5 % against +2.0 %, but not on lm2: +4.0 % against +2.7 %"))
+      << unknown;
   EXPECT_TRUE(has(unknown, ">= 100 rounds")) << unknown;
   const std::string fifteen = short_run_warning(true, 20, 300);
   EXPECT_TRUE(has(fifteen, "a run of 15 rounds (300 steps at H = 20)")) << fifteen;

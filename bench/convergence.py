@@ -5,9 +5,22 @@ The language model is character-level on the English text of Python's own docume
 (`pydoc_data.topics`, shipped with every CPython: no download). Every method of one task sees
 the same data, initial weights and seeds; only the gradient communication differs.
 
+A second LM (`--tasks lm2`, issue 36's "show it on both LMs") differs from the first where it matters: a
+GPT-style decoder (pre-norm blocks of causal self-attention and a GELU MLP, GPT-2 initialisation, tied input and
+output embeddings; width 96, 6 layers, 3 heads: 0.70 M parameters, against the first's width 128, 4 layers,
+untied head), byte-level (256 symbols), trained on Python source instead of English prose: these 20 files of the
+running interpreter's standard library (sysconfig's "stdlib" directory), in this order, joined by a newline:
+argparse.py ast.py collections/__init__.py dataclasses.py difflib.py enum.py functools.py heapq.py inspect.py
+json/decoder.py json/encoder.py logging/__init__.py pathlib.py random.py shutil.py subprocess.py tempfile.py
+textwrap.py threading.py typing.py (1,181,126 bytes on CPython 3.11.7; sha256 in LM2_CORPUS_SHA256, checked on
+that version and printed by every lm2 run). AdamW as GPT-style decoders train (lr 3e-3, betas 0.9 / 0.95, weight
+decay 0.1), the same warm-up and cosine schedule; the last 5 % of the bytes are held out.
+
     python bench/convergence.py                       # the full run behind docs/benchmarks.md
     python bench/convergence.py --quick               # CI: short, one seed, asserts the remedy helps
     python bench/convergence.py --tasks lm --methods dense,topk,topk-warmup --seeds 0,1,2
+    # the second LM: DiLoCo's defaults against 1.0 / 0.3, 300 steps from scratch (15 rounds at H = 20)
+    python bench/convergence.py --tasks lm2 --methods dense,diloco-h20,diloco-h20-lr1.0-m0.3 --seeds 0,1,2 --steps 300
     python bench/convergence.py --tasks lm --methods dense,q4,diloco-h20-lr1.0-m0 --gbps 0.1   # on a 100 Mbit/s link
     # DiLoCo from a dense checkpoint of the same run: dense DDP for 100 steps, then DiLoCo (q4, and Q2) for 400
     # (20 rounds at H = 20); dense goes on unchanged; the held-out loss also every 100 steps
@@ -27,6 +40,8 @@ import sys
 import tempfile
 import time
 import traceback
+
+from convergence_lm2 import LM2_CORPUS_BYTES, LM2_CORPUS_PYTHON, lm2_corpus, lm2_corpus_bytes, lm2_optimizer, make_lm2
 
 # What each method hands the hook: (codec keyword arguments or None for dense DDP, optimizer kind).
 # "sgd-dgc" is SGD without momentum: momentum correction applies the momentum in the hook;
@@ -77,6 +92,7 @@ TASKS = {
     "lm": (("dense", "q4", "topk", "topk-warmup", "topk-warmup-long", "topk-clip", "topk-warmup-clip",
             "topk-q4warmup", "topk-q4warmup-long"), "adamw", 400),
     "digits": (("dense", "q4", "topk", "topk-warmup", "topk-dgc", "topk-dgc-tuned"), "sgd-momentum", 600),
+    "lm2": (("dense", "diloco-h20", "diloco-h20-lr1.0-m0.3"), "adamw-gpt", 300),
 }
 
 
@@ -157,10 +173,15 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out, warm_sta
     spec, opt_override = method_spec(method)
     opt_kind = opt_override or TASKS[task][1]
     torch.manual_seed(seed)
+    vocab = 256 if task == "lm2" else 128
     if task == "lm":
         seq, batch = 64, 16
         train_data, val_data = corpus()
         model = make_lm(seq)
+    elif task == "lm2":
+        seq, batch = 64, 16
+        train_data, val_data = lm2_corpus()
+        model = make_lm2(seq)
     else:
         from sklearn.datasets import load_digits
 
@@ -178,12 +199,16 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out, warm_sta
     elif fsdp:
         from torch.distributed.fsdp import fully_shard
 
-        for layer in (model.blocks.layers if task == "lm" else [m for m in model if isinstance(m, nn.Linear)]):
+        layers = {"lm": lambda: model.blocks.layers, "lm2": lambda: model.blocks}.get(
+            task, lambda: [m for m in model if isinstance(m, nn.Linear)])()
+        for layer in layers:
             fully_shard(layer)
         ddp = fully_shard(model)
     else:
         ddp = nn.parallel.DistributedDataParallel(model)
-    if opt_kind == "adamw":
+    if opt_kind == "adamw-gpt":
+        opt = lm2_optimizer(ddp.parameters(), (diloco or {}).get("ilr"))
+    elif opt_kind == "adamw":
         opt = torch.optim.AdamW(ddp.parameters(), lr=(diloco or {}).get("ilr") or 2e-3, weight_decay=0.01)
     elif opt_kind in DGC_LR:
         opt = torch.optim.SGD(ddp.parameters(), lr=DGC_LR[opt_kind], momentum=0.0)
@@ -210,11 +235,11 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out, warm_sta
     def evaluate():
         with torch.no_grad():
             model.eval()
-            if task == "lm":
+            if task in ("lm", "lm2"):
                 vals = []
                 for j in range(16):  # the same held-out windows for every method
                     x, y = lm_batch(val_data, 0, 10_000 + j, 32, 64, 0)
-                    vals.append(F.cross_entropy(model(x).reshape(-1, 128), y.reshape(-1)).item())
+                    vals.append(F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1)).item())
                 result = {"val_loss": statistics.mean(vals)}
             else:
                 logits = model(val_x)
@@ -247,9 +272,9 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out, warm_sta
                 ddp = model  # from here each rank trains alone: DDP's reducer acts only after a forward through it
         if warm_start and step == warm_start + (max(1, diloco["h"] // 2) if diloco else 1):  # DiLoCo: mid-round
             spread["after_switch"] = rank_spread()
-        if task == "lm":
+        if task in ("lm", "lm2"):
             x, y = lm_batch(train_data, rank, step, batch, seq, seed)
-            loss = F.cross_entropy(ddp(x).reshape(-1, 128), y.reshape(-1))
+            loss = F.cross_entropy(ddp(x).reshape(-1, vocab), y.reshape(-1))
         else:
             g = torch.Generator().manual_seed(seed * 1_000_003 + step * 101 + rank)
             idx = torch.randint(0, len(train_x), (32,), generator=g)
@@ -438,6 +463,12 @@ def main():
         if odd or not a.methods:
             raise SystemExit(f"--warm-start applies to dense and diloco-* methods only, got {odd or 'the defaults'}")
     os.makedirs(a.out, exist_ok=True)
+    corpora = {}
+    if "lm2" in a.tasks.split(","):
+        text, digest = lm2_corpus_bytes()  # raises on the measured Python if the bytes are not the docstring's
+        corpora["lm2"] = {"bytes": len(text), "sha256": digest, "python": platform.python_version()}
+        print(f"lm2 corpus: {len(text)} bytes, sha256 {digest} (Python {platform.python_version()}; "
+              f"{'.'.join(map(str, LM2_CORPUS_PYTHON))} measured {LM2_CORPUS_BYTES} bytes)", flush=True)
     results = []
     for task in a.tasks.split(","):
         methods = a.methods.split(",") if a.methods else TASKS[task][0]
@@ -460,7 +491,7 @@ def main():
     print_table(table)
     meta = {"date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "world": a.world, "ratio": a.ratio, "gbps_per_rank": a.gbps or None,
-            "warm_start": a.warm_start or None, "argv": sys.argv[1:]}
+            "warm_start": a.warm_start or None, "argv": sys.argv[1:], "corpora": corpora or None}
     with open(os.path.join(a.out, "convergence.json"), "w") as f:
         json.dump({"meta": meta, "table": table, "runs": results}, f)
     plot(results, os.path.join(a.out, "convergence.png"), wall_time=a.gbps > 0)

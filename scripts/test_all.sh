@@ -205,8 +205,8 @@ fi
 step "convergence smoke: a small transformer with AdamW on 2 ranks; top-k's remedies (warm-up + clipping, q4 warm-up) beat plain error feedback"
 "$venv/bin/python" bench/convergence.py --quick --out build/convergence-smoke
 
-step "convergence smoke: DiLoCo warm-started from dense DDP follows dense exactly up to the switch, then trains alone"
-"$venv/bin/python" bench/convergence.py --tasks lm --methods dense,diloco-h4-lr1.0-m0.3 --seeds 0 --steps 30 \
+step "convergence smoke: DiLoCo warm-started from dense DDP follows dense exactly up to the switch, then trains alone, on both LMs (lm2's text checked against its sha256)"
+"$venv/bin/python" bench/convergence.py --tasks lm,lm2 --methods dense,diloco-h4-lr1.0-m0.3 --seeds 0 --steps 30 \
   --warm-start 20 --out build/convergence-warm-smoke
 
 step "pip install . (a wheel built with build isolation, as users install it), used from outside the clone"

@@ -17,6 +17,16 @@ TEST(ShortRunWarning, DueBelowOneHundredRoundsOrWhenTheLengthIsUnknown) {
   EXPECT_TRUE(has(unknown, "the run's length is unknown (planned_steps not given)")) << unknown;
   EXPECT_TRUE(has(unknown, short_run_measurements())) << unknown;
   EXPECT_TRUE(has(unknown, "outer_lr=1.0, outer_momentum=0.3")) << unknown;
+  // Both LMs of bench/convergence.py (docs/api.md's table), and the user's report beside them.
+  EXPECT_TRUE(has(unknown, "+6.5 % loss above dense after 300 steps at H = 20")) << unknown;
+  EXPECT_TRUE(has(unknown,
+                  "second LM (lm2: another architecture and text, 300 steps, 3 seeds): "
+                  "+11.6 % against +1.0 %"))
+      << unknown;
+  EXPECT_TRUE(has(unknown, "a user's LM: +17.8 % against +5.6 %")) << unknown;
+  EXPECT_TRUE(
+      has(unknown, "first LM: +0.5 % against +2.0 %, but not on lm2: +4.0 % against +2.7 %"))
+      << unknown;
   EXPECT_TRUE(has(unknown, ">= 100 rounds")) << unknown;
   const std::string fifteen = short_run_warning(true, 20, 300);
   EXPECT_TRUE(has(fifteen, "a run of 15 rounds (300 steps at H = 20)")) << fifteen;

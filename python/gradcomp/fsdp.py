@@ -112,7 +112,7 @@ class FsdpHook:
         reduce-scatter returns before the device has checked what it received: a rejection or a non-finite
         result is reported by a later call, so the last ones of a run only by this. Call it before you
         trust the last step's gradients (after the last backward, before ``optimizer.step()``) and before
-        saving; ``stats()`` and ``state_dict()`` call it. On the CPU, and elsewhere on CUDA, every call
+        saving; ``state_dict()`` calls it (``stats()`` does not: it never waits). On the CPU, and elsewhere on CUDA, every call
         reports its own verdict and this does nothing. Safe to call again."""
         for collective in self._collectives.values():
             collective.flush()
@@ -126,9 +126,9 @@ class FsdpHook:
         all-gather (``params=``) counts only under ``"all_gather"`` (its uncompressed bytes are those of
         FSDP's own all-gather in the parameters' dtype), as its Prometheus series are gradcomp_weight_*
         beside the gradients' gradcomp_*: the wire carries the sum of both. Zero until a collective ran
-        (FSDP calls none at one rank). Calls ``flush()`` first (on CUDA under v2: one wait for the device),
-        so the last calls' verdicts are counted, and a rejection among them raises here."""
-        self.flush()
+        (FSDP calls none at one rank). Never waits for the device: on CUDA under v2 a call's non-finite or
+        rejected buckets are counted when their verdict arrives (the module's next call, or ``flush()``), so
+        a training loop may log this every step without a host wait."""
         per = {k: {"step": c.last_step_stats(), "total": c.total_stats()} for k, c in self._collectives.items()}
         gradients = [p for k, p in per.items() if k != "all_gather"]
         return {"step": _sum_stats([p["step"] for p in gradients]),

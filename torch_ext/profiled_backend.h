@@ -82,6 +82,15 @@ class ProfiledBackend final : public Backend {
     inner_->int8_decode(p);
   }
   const char* int8_unsupported() const override { return inner_->int8_unsupported(); }
+  void int4_encode(const Int8EncodeParams& p) override {
+    GRADCOMP_PHASE("gradcomp::int4_encode");
+    inner_->int4_encode(p);
+  }
+  void int4_decode(const Int8DecodeParams& p) override {
+    GRADCOMP_PHASE("gradcomp::int4_decode");
+    inner_->int4_decode(p);
+  }
+  const char* int4_unsupported() const override { return inner_->int4_unsupported(); }
   void outer_gradient(const OuterGradientParams& p) override {
     GRADCOMP_PHASE("gradcomp::outer_gradient");
     inner_->outer_gradient(p);

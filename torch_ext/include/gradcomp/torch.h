@@ -232,6 +232,7 @@ class DiLoCo {
 //   gather.all_gather(full_weights, my_shard, "layer3");  // full: world * shard.numel() elements
 //
 // CPU tensors (float32, bfloat16 or float16; CUDA is refused by name until its kernels exist).
+// Int8Options::codec = WeightCodec::kInt4 sends 4-bit rows instead (GCW4, docs/format.md).
 // A shard holding NaN or infinity on any rank makes every rank throw, naming `name` and the rank.
 class Int8AllGather {
  public:

@@ -65,6 +65,11 @@ METHODS = {
     "fsdp-q4": ({"codec": "q4"}, None),
     # ... and with int8 weight all-gathers (gradcomp.torch.fsdp(..., params=gradcomp.Int8())).
     "fsdp-q4-int8": ({"codec": "q4", "params": "int8"}, None),
+    # ... and with 4-bit round-to-nearest weights of blocks of 16 / 32 / 64 in plain PyTorch (bench/weight_q4.py):
+    # the measurement behind the 4-bit weight option (docs/benchmarks.md, "Loss with 4-bit weights").
+    "fsdp-q4-w4-b16": ({"codec": "q4", "params": "w4", "weight_block": 16}, None),
+    "fsdp-q4-w4-b32": ({"codec": "q4", "params": "w4", "weight_block": 32}, None),
+    "fsdp-q4-w4-b64": ({"codec": "q4", "params": "w4", "weight_block": 64}, None),
 }
 # DiLoCo: no per-step synchronisation; every H steps the q4 outer gradient and the outer Nesterov SGD.
 # "diloco-h<H>[-lr<outer lr>][-m<outer momentum>][-f<fragments>][-ilr<inner lr>][-q2]", e.g. diloco-h50-lr1.0-m0.5;
@@ -104,6 +109,7 @@ def make_codec(spec, ratio):
     kw = dict(spec)
     kw.pop("diloco", None)
     kw.pop("params", None)
+    kw.pop("weight_block", None)
     kind = kw.pop("codec")
     if kind == "q2":
         return gradcomp.Q2()
@@ -225,7 +231,13 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out, warm_sta
         if fsdp:
             import gradcomp
 
-            return gt.fsdp(model, codec, params=gradcomp.Int8() if (spec or {}).get("params") == "int8" else None)
+            hook = gt.fsdp(model, codec, params=gradcomp.Int8() if (spec or {}).get("params") == "int8" else None)
+            if (spec or {}).get("params") == "w4":
+                sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+                import weight_q4
+
+                weight_q4.install(model, spec["weight_block"])
+            return hook
         return gt.register(ddp, codec, optimizer=opt)
 
     # With a warm start DiLoCo attaches after warm_start dense DDP steps (a dense checkpoint of the same run, with

@@ -32,7 +32,8 @@ NETNS = "gradcomp-bench"
 PYTHON_METHODS = ("ddp-fp32", "bf16-hook", "fp8-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4",
                   "gradcomp-q4-1piece",
                   "gradcomp-topk", "gradcomp-topk-dgc", "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-bf16-mp",
-                  "fsdp-gradcomp-q4", "fsdp-gradcomp-q4-int8", "diloco-q4-h20", "diloco-q4-h100",
+                  "fsdp-gradcomp-q4", "fsdp-gradcomp-q4-int8", "fsdp-gradcomp-q4-int4",
+                  "diloco-q4-h20", "diloco-q4-h100",
                   "diloco-q4-h20-tau5", "diloco-q4-h20-tau10", "diloco-q4-h20-tau15", "diloco-q2-h100-tau80")
 # DiLoCo's rounds every H steps, (H, tau): timed over whole rounds (at least two), the mean step. With
 # overlap (tau > 0) a round's merge comes tau steps after its sync point: the warm-up grows by tau so that

@@ -17,7 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 METHODS = ("ddp-fp32", "bf16-hook", "powersgd-r4", "quant-pertensor", "gradcomp-q4", "gradcomp-topk",
            "gradcomp-q4-hier", "gradcomp-topk-hier", "gradcomp-q4-1piece", "gradcomp-q4-hier-1piece",
            "gradcomp-topk-sequential", "fsdp-fp32", "fsdp-bf16", "fsdp-bf16-mp", "fsdp-gradcomp-q4",
-           "fsdp-gradcomp-q4-int8", "hsdp-fp32", "hsdp-bf16-mp", "hsdp-gradcomp-q4-int8", "fp8-hook",
+           "fsdp-gradcomp-q4-int8", "fsdp-gradcomp-q4-int4", "hsdp-fp32", "hsdp-bf16-mp", "hsdp-gradcomp-q4-int8",
+           "fp8-hook",
            "diloco-q4-h20", "diloco-q4-h100", "diloco-q4-h20-tau5", "diloco-q4-h20-tau10", "diloco-q4-h20-tau15",
            "diloco-q2-h100-tau80", "gradcomp-topk-dgc")
 # Top-k with momentum correction trains digits with SGD without momentum at 3x the lr
@@ -29,7 +30,8 @@ DGC_LR_SCALE = 3.0
 # this CPU has no bf16 arithmetic (bench/fsdp_bf16_wire.py); gradcomp's q4 reduce-scatter, alone or
 # with int8 weight all-gathers. The hsdp-* ones: the same over two nodes (bench/e2e_nodes.py), sharded
 # inside a node and replicated across nodes.
-FSDP_METHODS = ("fsdp-fp32", "fsdp-bf16", "fsdp-bf16-mp", "fsdp-gradcomp-q4", "fsdp-gradcomp-q4-int8")
+FSDP_METHODS = ("fsdp-fp32", "fsdp-bf16", "fsdp-bf16-mp", "fsdp-gradcomp-q4", "fsdp-gradcomp-q4-int8",
+                "fsdp-gradcomp-q4-int4")
 HSDP_METHODS = ("hsdp-fp32", "hsdp-bf16-mp", "hsdp-gradcomp-q4-int8")
 # DiLoCo (gradcomp.torch.diloco): no DDP; every H steps the q4 outer gradient. Its step time is the
 # mean over whole rounds (the median would hide the round). -tau<k>: overlap_steps = k, the round in the
@@ -73,6 +75,8 @@ def prepare(model, method, gt, gradcomp, bucket_cap_mb=25.0, local_world_size=1)
             return model, gt.fsdp(model, gradcomp.Q4())
         if method == "fsdp-gradcomp-q4-int8":
             return model, gt.fsdp(model, gradcomp.Q4(), params=gradcomp.Int8())
+        if method == "fsdp-gradcomp-q4-int4":  # 4-bit weights (gradcomp.Int4, blocks of 32)
+            return model, gt.fsdp(model, gradcomp.Q4(), params=gradcomp.Int4())
         return model, None
     if method in HSDP_METHODS:
         return prepare_hsdp(model, method, gt, gradcomp, local_world_size)

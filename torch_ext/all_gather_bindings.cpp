@@ -19,6 +19,12 @@ void bind_all_gathers(py::module_& m) {
       .def(py::init([](py::object group, const py::dict& options) {
              gradcomp::Int8Options o;
              if (options.contains("block_size")) o.block_size = options["block_size"].cast<int>();
+             if (options.contains("codec")) {
+               const auto codec = options["codec"].cast<std::string>();
+               GRADCOMP_CHECK(codec == "int8" || codec == "int4",
+                              "the weight all-gather's codec is int8 or int4, got " << codec);
+               o.codec = codec == "int4" ? WeightCodec::kInt4 : WeightCodec::kInt8;
+             }
              return std::make_shared<FsdpAllGather>(
                  group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>(), o, parse_timeout(options));
            }),

@@ -60,6 +60,14 @@ class ProfiledBackend final : public ForwardingBackend {
     GRADCOMP_PHASE("gradcomp::int8_decode");
     inner().int8_decode(p);
   }
+  void int4_encode(const Int8EncodeParams& p) override {
+    GRADCOMP_PHASE("gradcomp::int4_encode");
+    inner().int4_encode(p);
+  }
+  void int4_decode(const Int8DecodeParams& p) override {
+    GRADCOMP_PHASE("gradcomp::int4_decode");
+    inner().int4_decode(p);
+  }
   void outer_gradient(const OuterGradientParams& p) override {
     GRADCOMP_PHASE("gradcomp::outer_gradient");
     inner().outer_gradient(p);

@@ -121,6 +121,9 @@ class CpuBackend final : public Backend {
   void int8_encode(const Int8EncodeParams& p) override { cpu::int8_encode(p); }
   void int8_decode(const Int8DecodeParams& p) override { cpu::int8_decode(p); }
   const char* int8_unsupported() const override { return nullptr; }
+  void int4_encode(const Int8EncodeParams& p) override { cpu::int4_encode(p); }
+  void int4_decode(const Int8DecodeParams& p) override { cpu::int4_decode(p); }
+  const char* int4_unsupported() const override { return nullptr; }
   void outer_gradient(const OuterGradientParams& p) override { cpu::outer_gradient(p); }
   void outer_step(const OuterStepParams& p) override { cpu::outer_step(p); }
   void outer_merge(const OuterMergeParams& p) override { cpu::outer_merge(p); }

@@ -256,6 +256,11 @@ class CudaBackend final : public Backend {
                : "its CUDA kernels are v2 only: set GRADCOMP_KERNELS=v2 (opt-in until a GPU has "
                  "run them byte-equal to the CPU; docs/api.md, \"Kernel generations\")";
   }
+  // The 4-bit all-gather has no CUDA kernels yet (docs/api.md): refused by name, under v1 and v2.
+  const char* int4_unsupported() const override {
+    return "the 4-bit weight all-gather has no CUDA kernels yet (gradcomp.Int8 has v2 ones; "
+           "4-bit runs on the CPU backend)";
+  }
   void int8_encode(const Int8EncodeParams& p) override {
     check_int8(params_problem(p), "int8 encode");
     check_int8(int8_alignment_problem(p.runs, p.num_runs, p.input, false), "int8 encode");

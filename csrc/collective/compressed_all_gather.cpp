@@ -98,6 +98,20 @@ void int8_decode_row(const uint8_t* payload, const AllGatherRun* runs, int num_r
   cpu::int8_decode_row(payload, r.data(), num_runs, static_cast<uint32_t>(block_size), output);
 }
 
+namespace {
+
+const char* codec_name(WeightCodec codec) {
+  return codec == WeightCodec::kInt4 ? "4-bit" : "int8";
+}
+
+const char* verdict_text(WeightCodec codec, int32_t verdict) {
+  if (codec == WeightCodec::kInt4 && verdict == kInt8BadMagic)
+    return "is not a 4-bit all-gather payload (its magic is not GCW4)";
+  return int8_verdict_text(verdict);
+}
+
+}  // namespace
+
 struct CompressedAllGather::Buffers {
   detail::BackendBuffer send, recv;  // this rank's payload; every rank's
   detail::BackendBuffer status;      // Int8EncodeParams::nonfinite_at, then the verdict words
@@ -105,18 +119,33 @@ struct CompressedAllGather::Buffers {
 
 void Int8Options::validate() const {
   GRADCOMP_CHECK(math::int8_block_size_valid(static_cast<uint32_t>(block_size)),
-                 "int8 block size must be a power of two in [16, 4096], got " << block_size);
+                 codec_name(codec)
+                     << " block size must be a power of two in [16, 4096], got " << block_size);
+  GRADCOMP_CHECK(codec == WeightCodec::kInt8 || codec == WeightCodec::kInt4,
+                 "unknown weight codec " << static_cast<int>(codec));
 }
 
 CompressedAllGather::CompressedAllGather(Communicator& comm, Backend& backend,
                                          const Int8Options& options)
     : comm_(comm), backend_(backend), options_(options), buffers_(std::make_unique<Buffers>()) {
   options_.validate();
+  const char* name = codec_name(options_.codec);
   GRADCOMP_CHECK(comm.device_memory() == backend.is_cuda(),
-                 "the int8 all-gather's communicator and backend disagree on host versus device "
-                 "memory");
-  const char* unsupported = backend.int8_unsupported();
-  GRADCOMP_CHECK(unsupported == nullptr, "the int8 all-gather cannot run here: " << unsupported);
+                 "the " << name
+                        << " all-gather's communicator and backend disagree on host versus device "
+                           "memory");
+  const char* unsupported = options_.codec == WeightCodec::kInt4 ? backend.int4_unsupported()
+                                                                 : backend.int8_unsupported();
+  GRADCOMP_CHECK(unsupported == nullptr,
+                 "the " << name << " all-gather cannot run here: " << unsupported);
+}
+
+uint64_t CompressedAllGather::payload_bytes(const AllGatherRun* runs, int num_runs) const {
+  if (options_.codec == WeightCodec::kInt8)
+    return int8_payload_bytes(runs, num_runs, options_.block_size);
+  const std::vector<Int8Run> r = to_int8_runs(runs, num_runs);
+  check_runs(r.data(), num_runs, static_cast<uint32_t>(options_.block_size), "a 4-bit row");
+  return int4_row_payload_bytes(r.data(), num_runs, static_cast<uint32_t>(options_.block_size));
 }
 
 CompressedAllGather::~CompressedAllGather() = default;
@@ -129,9 +158,11 @@ void CompressedAllGather::check_layout(const AllGatherRequest& r) {
       runs_hash = (runs_hash ^ v) * 1099511628211ull;
     }
   }
+  // The codec rides above the block size, so ranks of other codecs are refused like other blocks.
+  const uint64_t codec_and_block =
+      (static_cast<uint64_t>(options_.codec) << 32) | static_cast<uint64_t>(options_.block_size);
   const uint64_t mine[4] = {int8_row_numel(runs_.data(), r.num_runs),
-                            static_cast<uint64_t>(r.num_runs),
-                            static_cast<uint64_t>(options_.block_size), runs_hash};
+                            static_cast<uint64_t>(r.num_runs), codec_and_block, runs_hash};
   const int world = comm_.world_size();
   std::vector<uint64_t> all(4 * static_cast<size_t>(world));
   {
@@ -150,7 +181,8 @@ void CompressedAllGather::check_layout(const AllGatherRequest& r) {
       << comm_.rank() << ": the ranks' layouts differ (";
     for (int w = 0; w < world; ++w) {
       m << (w ? "; " : "") << "rank " << w << ": " << all[4 * w] << " elements in "
-        << all[4 * w + 1] << " runs, blocks of " << all[4 * w + 2];
+        << all[4 * w + 1] << " runs, " << codec_name(static_cast<WeightCodec>(all[4 * w + 2] >> 32))
+        << " blocks of " << (all[4 * w + 2] & 0xFFFFFFFFu);
     }
     m << ")";
     GRADCOMP_CHECK(false, m.str());
@@ -171,7 +203,8 @@ void CompressedAllGather::all_gather(const AllGatherRequest& r) {
   GRADCOMP_CHECK(r.input != nullptr && r.output != nullptr,
                  "all-gather of " << r.name << " (bucket " << r.bucket_id << ") on rank " << rank
                                   << ": null input or output");
-  const uint64_t slot = int8_payload_bytes(r.runs, r.num_runs, options_.block_size);
+  const uint64_t slot = payload_bytes(r.runs, r.num_runs);
+  const bool int4 = options_.codec == WeightCodec::kInt4;
   runs_.resize(r.num_runs);
   for (int i = 0; i < r.num_runs; ++i) {
     runs_[i].dtype = static_cast<uint8_t>(r.runs[i].dtype);
@@ -192,7 +225,10 @@ void CompressedAllGather::all_gather(const AllGatherRequest& r) {
   e.payload = buffers_->send.get();
   e.payload_bytes = slot;
   e.nonfinite_at = nonfinite_at;
-  backend_.int8_encode(e);
+  if (int4)
+    backend_.int4_encode(e);
+  else
+    backend_.int8_encode(e);
   codec_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   comm_.all_gather(buffers_->send.get(), buffers_->recv.get(), slot);
@@ -213,7 +249,10 @@ void CompressedAllGather::all_gather(const AllGatherRequest& r) {
   d.output = r.output;
   d.output_bytes = row_bytes * static_cast<uint64_t>(world);
   d.verdicts = verdicts;
-  backend_.int8_decode(d);
+  if (int4)
+    backend_.int4_decode(d);
+  else
+    backend_.int8_decode(d);
   // The call's one read of the device (on CUDA its only wait): the report words.
   std::vector<uint8_t> status(sizeof(uint64_t) + sizeof(int32_t) * (world + 1));
   backend_.copy_to_host(status.data(), buffers_->status.get(), status.size());
@@ -233,8 +272,9 @@ void CompressedAllGather::raise_verdicts(const AllGatherRequest& r,
   for (int w = 0; w < world; ++w) {
     if (verdicts[w] == kInt8Ok || verdicts[w] == kInt8Nonfinite) continue;
     std::ostringstream m;
-    m << "all-gather of " << r.name << " (bucket " << r.bucket_id << ") on rank " << rank
-      << ": int8 all-gather payload from rank " << w << " " << int8_verdict_text(verdicts[w]);
+    m << "all-gather of " << r.name << " (bucket " << r.bucket_id << ") on rank " << rank << ": "
+      << codec_name(options_.codec) << " all-gather payload from rank " << w << " "
+      << verdict_text(options_.codec, verdicts[w]);
     throw PayloadError(m.str());
   }
   // Flagged payloads likewise, naming every rank whose shard is not finite.
@@ -256,12 +296,13 @@ void CompressedAllGather::raise_verdicts(const AllGatherRequest& r,
           << dtype_name(static_cast<DType>(runs_[run].dtype)) << ", element " << nonfinite_at - 1
           << " of its shard)";
   }
-  GRADCOMP_CHECK(false, "int8 all-gather of " << r.name << " (bucket " << r.bucket_id
-                                              << ") refused on rank " << rank
-                                              << ": the weight shards of rank(s) " << ranks.str()
-                                              << " hold NaN or infinity, which are not "
-                                                 "quantized (did the optimizer step diverge?)"
-                                              << where.str());
+  GRADCOMP_CHECK(false, codec_name(options_.codec)
+                            << " all-gather of " << r.name << " (bucket " << r.bucket_id
+                            << ") refused on rank " << rank << ": the weight shards of rank(s) "
+                            << ranks.str()
+                            << " hold NaN or infinity, which are not "
+                               "quantized (did the optimizer step diverge?)"
+                            << where.str());
 }
 
 }  // namespace gradcomp

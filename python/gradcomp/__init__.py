@@ -10,9 +10,9 @@ Codec specs (``Q4``, ``TopK``, ``Q2`` (DiLoCo's outer gradients), ``NoCompressio
 from ._torch_compat import check_built_for_installed_torch
 
 check_built_for_installed_torch()
-from .codecs import Int8, NoCompression, Q2, Q4, TopK, compress, decompress  # noqa: E402
+from .codecs import Int4, Int8, NoCompression, Q2, Q4, TopK, compress, decompress  # noqa: E402
 from . import _C  # noqa: E402
 
-__all__ = ["Q4", "TopK", "Q2", "Int8", "NoCompression", "compress", "decompress", "with_cuda"]
+__all__ = ["Q4", "TopK", "Q2", "Int8", "Int4", "NoCompression", "compress", "decompress", "with_cuda"]
 
 with_cuda: bool = bool(_C.with_cuda)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from . import _C
 from ._torch_compat import (fsdp_all_gather_api, fsdp_in_backward, fsdp_param_group, fsdp_reduce_scatter_api,
                             premul_factor)
-from .codecs import Int8, NoCompression, Q4, TopK, refuse_q2
+from .codecs import Int4, Int8, NoCompression, Q4, TopK, refuse_q2
 from .ddp import check_optimizer
 
 __all__ = ["fsdp", "FsdpHook"]
@@ -283,10 +283,14 @@ def _all_gather_class():
     return GradcompAllGather
 
 
-def _check_plain_parameters(modules, names) -> None:
+def _check_plain_parameters(modules, names, int4=False) -> None:
     for m in modules:
         for p in m.parameters():
             local = p.to_local() if hasattr(p, "to_local") else p
+            if int4 and local.device.type == "cuda":  # the core refuses it by name too
+                raise ValueError(f"gradcomp.torch.fsdp(params=gradcomp.Int4()): {names[m]} has parameters on "
+                                 f"{local.device}; the 4-bit all-gather has no CUDA kernels yet (gradcomp.Int8 has "
+                                 f"v2 ones): use params=gradcomp.Int8() there")
             # meta: materialized later, checked at the call; CUDA: the v2 kernels only (the core refuses
             # v1 by name too, at the first all-gather)
             if local.device.type == "cuda" and os.environ.get("GRADCOMP_KERNELS", "v1") != "v2":
@@ -337,10 +341,11 @@ def fsdp(model: torch.nn.Module, codec=None, *, params=None, replicate_group=Non
     rank decodes every shard, its own included, so all ranks compute with the same weights; the sharded
     parameters the optimizer updates stay exact). ``reduce_scatter=False`` with it compresses only the
     weights. On CPU, or on CUDA with ``GRADCOMP_KERNELS=v2`` (its kernels are v2 only and opt-in until a GPU
-    has run them byte-equal to the CPU)."""
+    has run them byte-equal to the CPU). ``params=gradcomp.Int4()``: the same with 4-bit codes (blocks of 32 by
+    default), on the CPU only."""
     FSDPModule, comm_class = _comm_class()
-    if params is not None and not isinstance(params, Int8):
-        raise ValueError(f"gradcomp.torch.fsdp params takes gradcomp.Int8(), got {params!r}")
+    if params is not None and not isinstance(params, (Int8, Int4)):
+        raise ValueError(f"gradcomp.torch.fsdp params takes gradcomp.Int8() or gradcomp.Int4(), got {params!r}")
     all_gather_class = _all_gather_class() if params is not None else None
     modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if not modules:
@@ -352,7 +357,7 @@ def fsdp(model: torch.nn.Module, codec=None, *, params=None, replicate_group=Non
     names = {m: (f"module '{n}'" if n else "the root module") for n, m in model.named_modules()}
     param_groups = {}
     if params is not None:
-        _check_plain_parameters(modules, names)
+        _check_plain_parameters(modules, names, isinstance(params, Int4))
         param_groups = {m: fsdp_param_group(m) for m in modules}
     if optimizer is not None:
         check_optimizer(optimizer, hook.codec)

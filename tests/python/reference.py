@@ -304,19 +304,36 @@ def int8_roundtrip(x: torch.Tensor, block: int = 64) -> torch.Tensor:
     return (codes * scale + 0.0).reshape(-1)[:n].to(x.dtype)  # + 0.0: a code 0 decodes to +0
 
 
-def int8_all_gather(rows: list, runs=None, block: int = 64) -> torch.Tensor:
+def int4_roundtrip(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """A 1-D float tensor through block-scaled 4-bit weights (docs/format.md, GCW4), decoded back into its
+    dtype: int8_roundtrip's rules with 7 for 127 (scale = absmax / 7 in fp32 rounded up to bf16, codes x / scale
+    rounded half to even in [-7, 7], decoded as code * scale)."""
+    f = x.float()
+    n = f.numel()
+    blocks = torch.cat([f, f.new_zeros(-n % block)]).view(-1, block)
+    absmax = blocks.abs().amax(1)
+    bits = (absmax / 7.0).view(torch.int32)
+    bits = torch.where(bits & 0xFFFF != 0, bits + 0x10000, bits) & -0x10000
+    bits = torch.where((bits == 0) & (absmax > 0), torch.full_like(bits, 0x10000), bits)
+    scale = bits.view(torch.float32)[:, None]
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    codes = torch.where(scale > 0, torch.round(blocks / safe), torch.zeros_like(blocks)).clamp(-7, 7)
+    return (codes * scale + 0.0).reshape(-1)[:n].to(x.dtype)
+
+
+def int8_all_gather(rows: list, runs=None, block: int = 64, roundtrip=int8_roundtrip) -> torch.Tensor:
     """gradcomp's int8 all-gather of every rank's row (1-D, in rank order): each row quantized on its own
     and decoded; with ``runs`` ((dtype, numel) pairs), the rows are bytes of several dtypes and every run
-    restarts its blocks."""
+    restarts its blocks. ``roundtrip=int4_roundtrip``: the 4-bit all-gather."""
     out = []
     for row in rows:
         if runs is None:
-            out.append(int8_roundtrip(row, block))
+            out.append(roundtrip(row, block))
             continue
         raw, parts, at = row.view(torch.uint8), [], 0
         for dtype, numel in runs:
             size = numel * torch.empty(0, dtype=dtype).element_size()
-            parts.append(int8_roundtrip(raw[at:at + size].view(dtype), block).view(torch.uint8))
+            parts.append(roundtrip(raw[at:at + size].view(dtype), block).view(torch.uint8))
             at += size
         out.append(torch.cat(parts))
     return torch.cat(out)

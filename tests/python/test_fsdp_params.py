@@ -16,8 +16,8 @@ has_hook = hasattr(getattr(fsdp_api, "FSDPModule", None), "set_custom_all_gather
 
 @pytest.mark.skipif(not has_hook, reason=f"torch {torch.__version__} has no FSDPModule.set_custom_all_gather")
 @pytest.mark.parametrize("world, cases", [
-    (2, ["fp32", "bf16", "two_dtypes", "reshard_false", "train", "metrics", "nan"]),
-    (3, ["fp32", "bf16", "cpp_api"]),
+    (2, ["fp32", "bf16", "two_dtypes", "reshard_false", "train", "metrics", "int4_fp32", "int4_bf16", "nan"]),
+    (3, ["fp32", "bf16", "cpp_api", "int4_fp32"]),
     (4, ["fp32", "reshard_int", "hsdp"]),
 ])
 def test_int8_all_gather_is_the_reference_bit_for_bit(world, cases):
@@ -60,6 +60,9 @@ def test_a_torch_without_set_custom_all_gather_is_refused_by_name(monkeypatch):
 def test_bad_params_are_refused():
     with pytest.raises(ValueError, match="power of two"):
         gradcomp.Int8(block_size=48)
+    with pytest.raises(ValueError, match="Int4 block_size must be a power of two"):
+        gradcomp.Int4(block_size=8)
+    assert gradcomp.Int4()._options() == {"codec": "int4", "block_size": 32}
     if has_hook:
         with pytest.raises(ValueError, match="params takes gradcomp.Int8"):
             gt.fsdp(torch.nn.Linear(2, 2), gradcomp.Q4(), params=gradcomp.Q4())
@@ -87,3 +90,6 @@ def test_cuda_parameters_need_the_v2_kernels(monkeypatch):
         gf._check_plain_parameters([m], {m: "module 'blocks.0'"})
     monkeypatch.setenv("GRADCOMP_KERNELS", "v2")
     gf._check_plain_parameters([m], {m: "module 'blocks.0'"})
+    with pytest.raises(ValueError, match=r"Int4\(\)\): module 'blocks.0' has parameters on cuda:0; the 4-bit all-gather "
+                                         r"has no CUDA kernels yet"):
+        gf._check_plain_parameters([m], {m: "module 'blocks.0'"}, int4=True)

@@ -12,7 +12,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather
 import gradcomp
 import gradcomp.torch as gt
 from gradcomp._torch_compat import fsdp_in_backward, fsdp_param_group
-from reference import int8_all_gather
+from reference import int4_roundtrip, int8_all_gather, int8_roundtrip
 from workers_fsdp import batch, dcp_job, full, hsdp_mesh, loss_of, make_model, rows, shard
 
 BLOCK = 32
@@ -73,7 +73,7 @@ def flats(buffer, nrows, per_row):
     return out
 
 
-def check_against_reference(module, recorder, world, param_dtype, group=None):
+def check_against_reference(module, recorder, world, param_dtype, group=None, roundtrip=int8_roundtrip):
     """Every shard-group all-gather of the module (over ``group`` of ``world`` ranks, the default group when
     None): its output is the reference of every rank's exact input row, and those rows are the module's
     exact sharded parameters (in the parameter dtype)."""
@@ -91,13 +91,14 @@ def check_against_reference(module, recorder, world, param_dtype, group=None):
         if not mixed:
             exact = rows([f.to(dtypes[0]) for f in full], world)
             assert torch.equal(torch.stack(per_rank), exact), "the all-gather input is not the exact shard"
-        expected = int8_all_gather(per_rank, runs, BLOCK)
+        expected = int8_all_gather(per_rank, runs, BLOCK, roundtrip)
         assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8)), "output differs from the reference"
         assert not torch.equal(out.view(torch.uint8), gathered.view(torch.uint8)), "nothing was quantized"
     return shard_calls
 
 
 def build(world, case):
+    case = case.removeprefix("int4_")
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if case == "bf16" else None
     reshard = {"reshard_false": False, "reshard_int": 2}.get(case, True)
     model = nn.Sequential(TwoDtypes(), nn.ReLU(), nn.Linear(33, 5)) if case == "two_dtypes" else make_model()
@@ -105,9 +106,13 @@ def build(world, case):
 
 
 def run_case(rank, world, case):
+    """A case of the int8 all-gather; "int4_<case>": the same with gradcomp.Int4 against int4_roundtrip."""
     model, param_dtype = build(world, case)
+    int4 = case.startswith("int4_")
+    case = case.removeprefix("int4_")
     codec = gradcomp.Q4(seed=3) if case == "train" else None
-    hook = gt.fsdp(model, codec, params=gradcomp.Int8(block_size=BLOCK), reduce_scatter=case == "train")
+    params = (gradcomp.Int4 if int4 else gradcomp.Int8)(block_size=BLOCK)
+    hook = gt.fsdp(model, codec, params=params, reduce_scatter=case == "train")
     recorders = install_recorders(model)
     if case == "train":
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -138,7 +143,8 @@ def run_case(rank, world, case):
     after = [p.to_local() for p in model.parameters()]
     assert all(torch.equal(a, b) for a, b in zip(before, after)), "the sharded parameters changed"
     for m, rec in recorders.items():
-        calls = check_against_reference(m, rec, world, param_dtype)
+        calls = check_against_reference(m, rec, world, param_dtype,
+                                        roundtrip=int4_roundtrip if int4 else int8_roundtrip)
         forward = [c for c in calls if not c[1]]
         backward = [c for c in rec.calls if c[1]]
         assert len(forward) == 1, [c[:2] for c in rec.calls]

@@ -14,8 +14,14 @@
 
 namespace gradcomp {
 
+// The weight codecs: block-scaled int8 (GCW8) and 4-bit (GCW4), both round to nearest with one
+// bf16 scale per block (docs/format.md).
+enum class WeightCodec : uint8_t { kInt8 = 0, kInt4 = 1 };
+
+// The compressed all-gather's options (named for its first codec): the codec and its block size.
 struct Int8Options {
-  int block_size = 64;  // math::int8_block_size_valid; one bf16 scale per block
+  int block_size = 64;  // math::int8_block_size_valid (4-bit: the same rule); one scale per block
+  WeightCodec codec = WeightCodec::kInt8;
   void validate() const;
 };
 
@@ -64,7 +70,8 @@ void int8_decode_row(const uint8_t* payload, const AllGatherRun* runs, int num_r
 // What a payload with this Int8Verdict is, for messages ("fails its body checksum ...").
 const char* int8_verdict_text(int32_t verdict);
 
-// All-gathers shards as int8 payloads through the communicator's all_gather. No state across
+// All-gathers shards as int8 (or, with Int8Options::codec kInt4, 4-bit) payloads through the
+// communicator's all_gather. No state across
 // calls besides buffers per bucket; deterministic (round to nearest), so the same shards give the
 // same bytes on every call (FSDP's forward and backward all-gathers agree).
 //
@@ -89,6 +96,8 @@ class CompressedAllGather {
   void all_gather(const AllGatherRequest& request);
 
   const Int8Options& options() const { return options_; }
+  // Bytes of one rank's payload for a row of these runs in this all-gather's codec.
+  uint64_t payload_bytes(const AllGatherRun* runs, int num_runs) const;
   int world_size() const { return comm_.world_size(); }
   // Seconds spent encoding, checking and decoding since construction.
   double codec_seconds() const { return codec_seconds_; }

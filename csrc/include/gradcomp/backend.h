@@ -75,6 +75,16 @@ class Backend {
   virtual void int8_decode(const Int8DecodeParams& p) = 0;
   // Why this backend cannot run the int8 codec (the CUDA backend under the v1 kernels), or null.
   virtual const char* int8_unsupported() const = 0;
+  // The 4-bit weight all-gather's codec (GCW4, kernels/int4_params.h) on the same params, with the
+  // same contracts. A backend without it says why in int4_unsupported(), and CompressedAllGather
+  // refuses it at construction, so the two operations are never reached there.
+  virtual const char* int4_unsupported() const { return "it has no 4-bit weight codec"; }
+  virtual void int4_encode(const Int8EncodeParams& /*p*/) {
+    GRADCOMP_CHECK(false, "4-bit encode: " << int4_unsupported());
+  }
+  virtual void int4_decode(const Int8DecodeParams& /*p*/) {
+    GRADCOMP_CHECK(false, "4-bit decode: " << int4_unsupported());
+  }
 
   // ---- DiLoCo's outer step (kernels/outer_params.h): the outer gradient of a fragment, the
   // outer SGD step over its fp32 anchor and momentum (storing the new anchor into the

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "gradcomp/types.h"
+#include "int4_params.h"
 #include "int8_params.h"
 #include "outer_params.h"
 
@@ -72,6 +73,17 @@ uint64_t int8_encode_row(const void* input, const Int8Run* runs, int num_runs, u
 Int8Verdict int8_row_verdict(const uint8_t* payload, const Int8Run* runs, int num_runs,
                              uint32_t block);
 void int8_decode_row(const uint8_t* payload, const Int8Run* runs, int num_runs, uint32_t block,
+                     void* output);
+
+// The 4-bit row codec (GCW4, kernels/int4_params.h) on the int8 codec's params and verdicts, with
+// the same contracts: element by element, the reference a GPU must equal byte for byte.
+void int4_encode(const Int8EncodeParams& params);
+void int4_decode(const Int8DecodeParams& params);
+uint64_t int4_encode_row(const void* input, const Int8Run* runs, int num_runs, uint32_t block,
+                         uint8_t* payload);
+Int8Verdict int4_row_verdict(const uint8_t* payload, const Int8Run* runs, int num_runs,
+                             uint32_t block);
+void int4_decode_row(const uint8_t* payload, const Int8Run* runs, int num_runs, uint32_t block,
                      void* output);
 
 // DiLoCo's outer step (Backend::outer_gradient, outer_step, outer_merge; kernels/outer_params.h)

@@ -46,6 +46,9 @@ class ForwardingBackend : public Backend {
   void int8_encode(const Int8EncodeParams& p) override { inner_->int8_encode(p); }
   void int8_decode(const Int8DecodeParams& p) override { inner_->int8_decode(p); }
   const char* int8_unsupported() const override { return inner_->int8_unsupported(); }
+  void int4_encode(const Int8EncodeParams& p) override { inner_->int4_encode(p); }
+  void int4_decode(const Int8DecodeParams& p) override { inner_->int4_decode(p); }
+  const char* int4_unsupported() const override { return inner_->int4_unsupported(); }
   void outer_gradient(const OuterGradientParams& p) override { inner_->outer_gradient(p); }
   void outer_step(const OuterStepParams& p) override { inner_->outer_step(p); }
   void outer_merge(const OuterMergeParams& p) override { inner_->outer_merge(p); }

@@ -239,7 +239,8 @@ class DiLoCo {
 // the call returns after one small read of the payloads' verdicts at its end (so that a refusal
 // raises inside the call that was refused, before the output is used); the output is ready in
 // that stream's order. A shard holding NaN or infinity on any rank makes every rank throw, naming
-// `name` and the rank, with no row written.
+// `name` and the rank, with no row written. Int8Options::codec = WeightCodec::kInt4 sends 4-bit
+// rows instead (GCW4, docs/format.md), on CPU tensors only (its CUDA kernels do not exist yet).
 class Int8AllGather {
  public:
   explicit Int8AllGather(c10::intrusive_ptr<c10d::ProcessGroup> group, Int8Options options = {},

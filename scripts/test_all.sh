@@ -10,7 +10,19 @@ oldest_torch="${GRADCOMP_OLDEST_TORCH:-2.7.1}"  # the oldest torch the torch lay
 oldest_fsdp_torch=2.9.1  # the first torch with FSDPModule.set_custom_reduce_scatter (2.9), newest patch
 gpu_machine_torch=2.11.0  # the torch of the GPU machine scripts/gpu_check.sh runs on
 
-step() { printf '\n[%ss] ==== %s\n' "$SECONDS" "$*"; }
+# Each stage's seconds go to a log outside the clone (CI runs on a clean clone of a machine like the
+# developers'; the log keeps what the last runs spent where, for keeping the whole run under an hour).
+timings="${GRADCOMP_CI_TIMINGS:-$HOME/.cache/gradcomp/ci-stage-times.log}"
+mkdir -p "$(dirname "$timings")"
+run_id="$(date -u +%Y-%m-%dT%H:%MZ) $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+stage_name="set-up" stage_start=$SECONDS
+log_stage() { printf '%s %5ds %s\n' "$run_id" "$((SECONDS - stage_start))" "$stage_name" >> "$timings" || true; }
+step() {
+  log_stage
+  stage_name="$*" stage_start=$SECONDS
+  printf '\n[%ss] ==== %s\n' "$SECONDS" "$*"
+}
+trap 'rc=$?; stage_name="$stage_name (exit $rc; total ${SECONDS}s)"; log_stage' EXIT
 
 "$root/scripts/setup.sh"
 
@@ -105,7 +117,9 @@ cmake --build build/example-cpp
 export GRADCOMP_CPP_TRAINER="$root/build/example-cpp/digits_trainer"
 
 step "Python and C++ front ends on real Gloo process groups (DDP hook, GradSync under torchrun)"
-"$venv/bin/python" -m pytest tests/python -q -rs --durations=25
+# On pytest-xdist's workers (a test waits for ranks, rendezvous and timeouts much of its time, so one
+# test at a time left a core idle); --dist loadgroup keeps each xdist_group on one worker.
+"$venv/bin/python" -m pytest tests/python -q -rs --durations=25 -n "$jobs" --dist loadgroup
 
 # The torch layer built against an older torch in that torch's own environment and build folder
 # (extra CMake arguments in $2), then the test files after it run against it from tests/python, so
@@ -129,7 +143,8 @@ older_torch_stage() {
     cmake --build "build/example-cpp-$version"
     trainer_env=("GRADCOMP_CPP_TRAINER=$root/build/example-cpp-$version/digits_trainer")
   fi
-  (cd tests/python && env "${trainer_env[@]}" "$venv_v/bin/python" -m pytest -q -rs -p no:cacheprovider "$@")
+  step "torch $version: the tests"
+  (cd tests/python && env "${trainer_env[@]}" "$venv_v/bin/python" -m pytest -q -rs -p no:cacheprovider -n "$jobs" --dist loadgroup "$@")
 }
 
 # What the older torches run (-k over test and file names). The newest runs everything; the older
@@ -211,8 +226,17 @@ step "convergence smoke: DiLoCo warm-started from dense DDP follows dense exactl
 
 step "pip install . (a wheel built with build isolation, as users install it), used from outside the clone"
 rm -rf build/wheel
-GRADCOMP_BUILD_DIR="$root/build-wheel" CMAKE_CUDA_ARCHITECTURES="$cuda_archs" \
-  "$venv/bin/pip" wheel -q --no-deps -w build/wheel .
+# The isolated build environment gets its build requirements (pyproject.toml: setuptools, wheel, torch
+# with its CUDA libraries, several GB) from a wheelhouse outside the clone, filled once per torch
+# version from the index, rather than downloading them on every run; what pip resolves is the same.
+wheelhouse="$HOME/.cache/gradcomp/wheelhouse"
+torch_release="$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')"
+if ! ls "$wheelhouse"/torch-"$torch_release"-*.whl > /dev/null 2>&1; then
+  rm -rf "$wheelhouse"  # the wheels of an older torch
+  "$venv/bin/pip" download -q -d "$wheelhouse" "torch==$torch_release" "setuptools>=64" wheel
+fi
+PIP_NO_INDEX=1 PIP_FIND_LINKS="$wheelhouse" GRADCOMP_BUILD_DIR="$root/build-wheel" \
+  CMAKE_CUDA_ARCHITECTURES="$cuda_archs" "$venv/bin/pip" wheel -q --no-deps -w build/wheel .
 "$venv/bin/pip" install -q --no-deps --force-reinstall build/wheel/gradcomp-*.whl
 (cd tests/python && "$venv/bin/python" -m pytest -q -p no:cacheprovider \
   test_ddp_hook.py -k "no_compression or nan_on_one_rank or standalone_compress" && \

@@ -257,11 +257,14 @@ def test_under_openmp_binding_auto_lets_the_worker_off_backwards_core(monkeypatc
         pytest.skip("needs two CPUs")
     monkeypatch.setenv("OMP_PROC_BIND", "true")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # else OpenMP binds a compute thread to every core
-    for cpus, placement, backward_cpus in launch("workers_ddp", "worker_cpus_placement", 2, "register", "auto"):
+    # OpenMP reads these when torch loads it: fresh interpreters, not the fork server's.
+    for cpus, placement, backward_cpus in launch("workers_ddp", "worker_cpus_placement", 2, "register", "auto",
+                                                 start="spawn"):
         assert len(backward_cpus) == 1, backward_cpus  # OpenMP bound it
         assert len(cpus) > 1 and backward_cpus[0] in cpus, (cpus, placement)
         assert "OpenMP bound the binding thread" in placement, placement
-    for cpus, _, backward_cpus in launch("workers_ddp", "worker_cpus_placement", 2, "standard", "inherit"):
+    for cpus, _, backward_cpus in launch("workers_ddp", "worker_cpus_placement", 2, "standard", "inherit",
+                                         start="spawn"):
         assert cpus == backward_cpus, (cpus, backward_cpus)
 
 

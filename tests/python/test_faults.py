@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -154,7 +155,9 @@ def test_two_hooked_models_and_user_collectives_do_not_interfere():
 
 
 def _torchrun(args, tmp_path, name):
-    port = 29700 + (os.getpid() * 7 + len(name)) % 1000
+    with socket.socket() as s:  # a free port: other tests run beside this one (pytest -n)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--max-restarts=1",
            "--master-addr=127.0.0.1", f"--master-port={port}", str(HERE / "elastic_train.py"),
            "--dir", str(tmp_path / name), "--out", str(tmp_path / name / "params")] + args

@@ -82,6 +82,19 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _free_port_pair():
+    """A port p with p + 1 free as well (the ranks serve on port + rank); other tests run beside this one."""
+    while True:
+        p = _free_port()
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", p))
+                b.bind(("127.0.0.1", p + 1))
+            except OSError:
+                continue
+        return p
+
+
 def _query(base, expr):
     url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     with urllib.request.urlopen(url, timeout=5) as r:
@@ -145,7 +158,7 @@ def _until_equal(base, job, expected, timeout=30):
 
 
 def test_prometheus_scrapes_a_real_ddp_run_equal_to_stats_and_fires_the_straggler_alert(tmp_path):
-    metrics_port = _free_port()
+    metrics_port = _free_port_pair()
     control = tmp_path / "control"
     control.mkdir()
     with _prometheus(tmp_path, "train", [f"127.0.0.1:{metrics_port}", f"127.0.0.1:{metrics_port + 1}"]) as base:

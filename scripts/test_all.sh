@@ -175,10 +175,11 @@ older_torch_stage "$oldest_fsdp_torch" "-DGRADCOMP_WITH_CUDA=OFF" no test_torch_
 # The GPU machine's torch sits between the two above on every interface gradcomp uses: the build
 # (CUDA parts included) and one pass through each front end.
 gpu_torch_k="test_torch_versions or test_fsdp_params or (test_fsdp and ([avg-2] or premul-2 or mixed_precision \
-or checkpoint)) or (test_ddp_hook and ((pure_pytorch_reference and -2]) or register_and_standard \
-or checkpoint_resume_is_bit_identical[q4] or nan_on_one_rank or no_compression or grad_scaler)) \
-or (test_grad_sync and (quickstart or uncompressed_grad_sync or (averaged_gradients and [2-) \
-or (resume_from and cpu) or non_finite or sends_rounds_only[2])) or (test_diloco and (reference_bit_for_bit[2] or resume or overlap))"
+or checkpoint)) or (test_ddp_hook and (pure_pytorch_reference[q4-2] or pure_pytorch_reference[topk_dgc-2] \
+or register_and_standard_route_agree[q4-float32] or checkpoint_resume_is_bit_identical[q4] or nan_on_one_rank \
+or no_compression or grad_scaler)) or (test_grad_sync and (quickstart or uncompressed_grad_sync \
+or averaged_gradients_equal_the_reference_and_the_python_hook[2-q4-1-0] or resume_from_a_checkpoint_is_bit_identical[q4-cpu] \
+or non_finite or sends_rounds_only[2])) or (test_diloco and (reference_bit_for_bit[2] or resume or overlap))"
 step "the GPU machine's torch ($gpu_machine_torch, CUDA build): each front end once"
 older_torch_stage "$gpu_machine_torch" "" trainer -k "$gpu_torch_k" test_torch_versions.py test_ddp_hook.py \
   test_grad_sync.py test_fsdp.py test_fsdp_params.py test_diloco.py

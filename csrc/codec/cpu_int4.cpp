@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "cpu_int8_loops.h"
+#include "cpu_weight_rows.h"
 #include "gradcomp/cpu.h"
 #include "int4_params.h"
 #include "math/int4_math.h"
@@ -153,19 +154,7 @@ void int4_encode(const Int8EncodeParams& p) {
 void int4_decode(const Int8DecodeParams& p) {
   const char* problem = int4_params_problem(p);
   GRADCOMP_CHECK(problem == nullptr, "4-bit decode: " << problem);
-  for (int w = 0; w < p.num_payloads; ++w)
-    GRADCOMP_CHECK(p.payloads[w] != nullptr, "4-bit decode: payload " << w << " is null");
-  int32_t any = 0;
-  for (int w = 0; w < p.num_payloads; ++w) {
-    p.verdicts[w] = int4_row_verdict(p.payloads[w], p.runs, p.num_runs, p.block_size);
-    any |= p.verdicts[w] != kInt8Ok ? 1 : 0;
-  }
-  p.verdicts[p.num_payloads] = any;
-  if (any != 0) return;  // every payload passes before any row is written
-  const uint64_t row = int8_row_bytes(p.runs, p.num_runs);
-  for (int w = 0; w < p.num_payloads; ++w)
-    int4_decode_row(p.payloads[w], p.runs, p.num_runs, p.block_size,
-                    static_cast<uint8_t*>(p.output) + row * static_cast<uint64_t>(w));
+  decode_checked_rows(p, "4-bit decode", int4_row_verdict, int4_decode_row);
 }
 
 }  // namespace cpu

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "cpu_int8_loops.h"
+#include "cpu_weight_rows.h"
 #include "gradcomp/cpu.h"
 #include "math/int8_math.h"
 
@@ -135,19 +136,7 @@ void int8_encode(const Int8EncodeParams& p) {
 void int8_decode(const Int8DecodeParams& p) {
   const char* problem = params_problem(p);
   GRADCOMP_CHECK(problem == nullptr, "int8 decode: " << problem);
-  for (int w = 0; w < p.num_payloads; ++w)
-    GRADCOMP_CHECK(p.payloads[w] != nullptr, "int8 decode: payload " << w << " is null");
-  int32_t any = 0;
-  for (int w = 0; w < p.num_payloads; ++w) {
-    p.verdicts[w] = int8_row_verdict(p.payloads[w], p.runs, p.num_runs, p.block_size);
-    any |= p.verdicts[w] != kInt8Ok ? 1 : 0;
-  }
-  p.verdicts[p.num_payloads] = any;
-  if (any != 0) return;  // every payload passes before any row is written
-  const uint64_t row = int8_row_bytes(p.runs, p.num_runs);
-  for (int w = 0; w < p.num_payloads; ++w)
-    int8_decode_row(p.payloads[w], p.runs, p.num_runs, p.block_size,
-                    static_cast<uint8_t*>(p.output) + row * static_cast<uint64_t>(w));
+  decode_checked_rows(p, "int8 decode", int8_row_verdict, int8_decode_row);
 }
 
 }  // namespace cpu

@@ -15,11 +15,11 @@ fi
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" >&2
 fi
-check="import torch, numpy, sklearn, pytest, xdist, matplotlib, prometheus_client, yaml, kubernetes_validate"
+check="import torch, numpy, sklearn, pytest, matplotlib, prometheus_client, yaml, kubernetes_validate"
 [ -z "$torch_version" ] || check="$check; assert torch.__version__.split('+')[0] == '$torch_version', torch.__version__"
 if ! "$venv/bin/python" -c "$check" >/dev/null 2>&1; then
   "$venv/bin/pip" install -q --upgrade pip >&2
-  "$venv/bin/pip" install -q "$torch_spec" numpy scikit-learn pytest pytest-xdist matplotlib prometheus_client pyyaml kubernetes-validate setuptools wheel >&2
+  "$venv/bin/pip" install -q "$torch_spec" numpy scikit-learn pytest matplotlib prometheus_client pyyaml kubernetes-validate setuptools wheel >&2
 fi
 # CCCL >= 3.3 headers (cub::DeviceTopK) for the v2 top-k kernels, pinned; CMake finds them in
 # this venv (or takes -DGRADCOMP_CCCL_INCLUDE_DIR=<venv>/lib/python3.*/site-packages/nvidia/cu13/include/cccl).

@@ -117,9 +117,7 @@ cmake --build build/example-cpp
 export GRADCOMP_CPP_TRAINER="$root/build/example-cpp/digits_trainer"
 
 step "Python and C++ front ends on real Gloo process groups (DDP hook, GradSync under torchrun)"
-# On pytest-xdist's workers (a test waits for ranks, rendezvous and timeouts much of its time, so one
-# test at a time left a core idle); --dist loadgroup keeps each xdist_group on one worker.
-"$venv/bin/python" -m pytest tests/python -q -rs --durations=25 -n "$jobs" --dist loadgroup
+"$venv/bin/python" -m pytest tests/python -q -rs --durations=25
 
 # The torch layer built against an older torch in that torch's own environment and build folder
 # (extra CMake arguments in $2), then the test files after it run against it from tests/python, so
@@ -144,7 +142,7 @@ older_torch_stage() {
     trainer_env=("GRADCOMP_CPP_TRAINER=$root/build/example-cpp-$version/digits_trainer")
   fi
   step "torch $version: the tests"
-  (cd tests/python && env "${trainer_env[@]}" "$venv_v/bin/python" -m pytest -q -rs -p no:cacheprovider -n "$jobs" --dist loadgroup "$@")
+  (cd tests/python && env "${trainer_env[@]}" "$venv_v/bin/python" -m pytest -q -rs -p no:cacheprovider "$@")
 }
 
 # What the older torches run (-k over test and file names). The newest runs everything; the older

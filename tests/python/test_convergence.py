@@ -6,8 +6,6 @@ import pytest
 from launcher import launch
 
 SEEDS = (0, 1, 2)
-# One worker runs all three, so the module's trainings run once (scripts/test_all.sh runs pytest -n).
-pytestmark = pytest.mark.xdist_group("digits_accuracy")
 
 
 @pytest.fixture(scope="module")

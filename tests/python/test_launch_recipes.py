@@ -15,8 +15,6 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "examples" / "launch"
-# One pytest-xdist worker runs them all: each Slurm test starts slurmctld and slurmd on this host.
-pytestmark = pytest.mark.xdist_group("slurm")
 
 
 def _free_port():

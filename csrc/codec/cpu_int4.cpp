@@ -101,24 +101,9 @@ uint64_t int4_encode_row(const void* input, const Int8Run* runs, int num_runs, u
 
 Int8Verdict int4_row_verdict(const uint8_t* p, const Int8Run* runs, int num_runs,
                              uint32_t block_size) {
-  uint32_t magic, block, nruns;
-  uint16_t version;
-  uint64_t numel, sum;
-  std::memcpy(&magic, p, 4);
-  std::memcpy(&version, p + 4, 2);
-  std::memcpy(&block, p + 8, 4);
-  std::memcpy(&nruns, p + 12, 4);
-  std::memcpy(&numel, p + 16, 8);
-  std::memcpy(&sum, p + 24, 8);
-  if (magic != kInt4PayloadMagic) return kInt8BadMagic;
-  if (version != kInt4PayloadVersion) return kInt8BadVersion;
-  if (block != block_size || nruns != static_cast<uint32_t>(num_runs) ||
-      numel != int8_row_numel(runs, num_runs))
-    return kInt8BadLayout;
-  if ((p[6] & ~kInt8FlagNonfinite) != 0 || p[7] != 0) return kInt8BadFlags;
-  if (sum != body_sum(p, int4_row_payload_bytes(runs, num_runs, block_size)))
-    return kInt8BadChecksum;
-  return (p[6] & kInt8FlagNonfinite) != 0 ? kInt8Nonfinite : kInt8Ok;
+  return detail::weight_row_verdict(p, runs, num_runs, block_size, kInt4PayloadMagic,
+                                    kInt4PayloadVersion,
+                                    int4_row_payload_bytes(runs, num_runs, block_size));
 }
 
 void int4_decode_row(const uint8_t* payload, const Int8Run* runs, int num_runs, uint32_t block_size,

@@ -35,6 +35,31 @@ uint64_t int8_body_sum(const uint8_t* body, uint64_t words, Isa isa) {
   return body_sum_portable(body, 0, words);
 }
 
+Int8Verdict weight_row_verdict(const uint8_t* p, const Int8Run* runs, int num_runs,
+                               uint32_t block_size, uint32_t magic_expected,
+                               uint16_t version_expected, uint64_t total_bytes) {
+  uint32_t magic, block, nruns;
+  uint16_t version;
+  uint64_t numel, sum;
+  std::memcpy(&magic, p, 4);
+  std::memcpy(&version, p + 4, 2);
+  std::memcpy(&block, p + 8, 4);
+  std::memcpy(&nruns, p + 12, 4);
+  std::memcpy(&numel, p + 16, 8);
+  std::memcpy(&sum, p + 24, 8);
+  if (magic != magic_expected) return kInt8BadMagic;
+  if (version != version_expected) return kInt8BadVersion;
+  if (block != block_size || nruns != static_cast<uint32_t>(num_runs) ||
+      numel != int8_row_numel(runs, num_runs))
+    return kInt8BadLayout;
+  // Byte 7 is reserved and always written 0: any other value is a header this build cannot read.
+  if ((p[6] & ~kInt8FlagNonfinite) != 0 || p[7] != 0) return kInt8BadFlags;
+  if (sum !=
+      int8_body_sum(p + kInt8HeaderBytes, (total_bytes - kInt8HeaderBytes) / 4, active_isa()))
+    return kInt8BadChecksum;
+  return (p[6] & kInt8FlagNonfinite) != 0 ? kInt8Nonfinite : kInt8Ok;
+}
+
 }  // namespace detail
 
 namespace {
@@ -84,25 +109,9 @@ uint64_t int8_encode_row(const void* input, const Int8Run* runs, int num_runs, u
 
 Int8Verdict int8_row_verdict(const uint8_t* p, const Int8Run* runs, int num_runs,
                              uint32_t block_size) {
-  const uint64_t total = int8_row_payload_bytes(runs, num_runs, block_size);
-  uint32_t magic, block, nruns;
-  uint16_t version;
-  uint64_t numel, sum;
-  std::memcpy(&magic, p, 4);
-  std::memcpy(&version, p + 4, 2);
-  std::memcpy(&block, p + 8, 4);
-  std::memcpy(&nruns, p + 12, 4);
-  std::memcpy(&numel, p + 16, 8);
-  std::memcpy(&sum, p + 24, 8);
-  if (magic != kInt8PayloadMagic) return kInt8BadMagic;
-  if (version != kInt8PayloadVersion) return kInt8BadVersion;
-  if (block != block_size || nruns != static_cast<uint32_t>(num_runs) ||
-      numel != int8_row_numel(runs, num_runs))
-    return kInt8BadLayout;
-  // Byte 7 is reserved and always written 0: any other value is a header this build cannot read.
-  if ((p[6] & ~kInt8FlagNonfinite) != 0 || p[7] != 0) return kInt8BadFlags;
-  if (sum != body_sum(p, total, active_isa())) return kInt8BadChecksum;
-  return (p[6] & kInt8FlagNonfinite) != 0 ? kInt8Nonfinite : kInt8Ok;
+  return detail::weight_row_verdict(p, runs, num_runs, block_size, kInt8PayloadMagic,
+                                    kInt8PayloadVersion,
+                                    int8_row_payload_bytes(runs, num_runs, block_size));
 }
 
 void int8_decode_row(const uint8_t* payload, const Int8Run* runs, int num_runs, uint32_t block_size,

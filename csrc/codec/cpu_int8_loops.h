@@ -65,6 +65,12 @@ void int8_decode_row_reference(const uint8_t* payload, const Int8Run* runs, int 
 void int8_write_header(uint8_t* payload, uint8_t flags, uint32_t block, int num_runs,
                        uint64_t numel, uint64_t sum);
 
+// The checks a weight row's header and body must pass (GCW8 and GCW4 share the header layout and
+// differ in magic, version and size): what int8_row_verdict and int4_row_verdict return.
+Int8Verdict weight_row_verdict(const uint8_t* p, const Int8Run* runs, int num_runs,
+                               uint32_t block_size, uint32_t magic, uint16_t version,
+                               uint64_t total_bytes);
+
 }  // namespace detail
 }  // namespace cpu
 }  // namespace gradcomp

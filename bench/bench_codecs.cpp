@@ -13,6 +13,7 @@
 #include "cpu_int8_loops.h"
 #include "gradcomp/cpu.h"
 #include "gradcomp/format.h"
+#include "int4_params.h"
 
 namespace {
 
@@ -151,24 +152,20 @@ void BM_Q4DecodeSum(benchmark::State& state) {
   report(state, static_cast<double>(payload.size()) * world + 4.0 * n);
 }
 
-// The int8 weight all-gather's row codec (one run of one dtype, block 64). Args: elements,
-// dtype, instruction set (-1: best; -2: the element-by-element reference the loops replaced, with
-// the scalar checksum).
-std::vector<uint8_t> int8_payload(const std::vector<uint8_t>& input, const Int8Run& run) {
-  std::vector<uint8_t> payload(int8_row_payload_bytes(&run, 1, 64));
-  cpu::int8_encode_row(input.data(), &run, 1, 64, payload.data());
-  return payload;
-}
+// The weight all-gathers' row codecs, int8 and 4-bit (one run of one dtype, block 64). Args:
+// elements, dtype, instruction set (-1: best; -2: the element-by-element reference the loops
+// replaced, with the scalar checksum).
+using cpu::detail::WeightRowCodec;
 
-void BM_Int8Encode(benchmark::State& state) {
+void row_encode(benchmark::State& state, const WeightRowCodec& codec) {
   const bool reference = state.range(2) == -2;
   IsaScope isa(state, reference ? 0 : state.range(2));
   if (!isa.ok()) return;
   if (reference) state.SetLabel("reference");
-  const auto encode = reference ? cpu::detail::int8_encode_row_reference : cpu::int8_encode_row;
+  const auto encode = reference ? codec.encode_reference : codec.encode;
   const Int8Run run{static_cast<uint8_t>(state.range(1)), state.range(0)};
   const auto input = make_input(static_cast<DType>(run.dtype), run.numel);
-  std::vector<uint8_t> payload(int8_row_payload_bytes(&run, 1, 64));
+  std::vector<uint8_t> payload(codec.payload_bytes(&run, 1, 64));
   for (auto _ : state) {
     benchmark::DoNotOptimize(encode(input.data(), &run, 1, 64, payload.data()));
     benchmark::ClobberMemory();
@@ -177,19 +174,20 @@ void BM_Int8Encode(benchmark::State& state) {
 }
 
 // Verdict (header and checksum) and decode of one row, as CompressedAllGather runs per rank.
-void BM_Int8Decode(benchmark::State& state) {
+void row_decode(benchmark::State& state, const WeightRowCodec& codec) {
   const bool reference = state.range(2) == -2;
   IsaScope isa(state, reference ? 0 : state.range(2));
   if (!isa.ok()) return;
   if (reference) state.SetLabel("reference");
-  const auto decode = reference ? cpu::detail::int8_decode_row_reference : cpu::int8_decode_row;
+  const auto decode = reference ? codec.decode_reference : codec.decode;
   const Int8Run run{static_cast<uint8_t>(state.range(1)), state.range(0)};
   const auto input = make_input(static_cast<DType>(run.dtype), run.numel);
-  const auto payload = int8_payload(input, run);
+  std::vector<uint8_t> payload(codec.payload_bytes(&run, 1, 64));
+  codec.encode(input.data(), &run, 1, 64, payload.data());
   std::vector<uint8_t> output(input.size());
   for (auto _ : state) {
     // Under the reference the verdict runs on the portable checksum, the scalar loop it replaced.
-    if (cpu::int8_row_verdict(payload.data(), &run, 1, 64) != kInt8Ok) {
+    if (codec.verdict(payload.data(), &run, 1, 64) != kInt8Ok) {
       state.SkipWithError("the payload does not pass its own verdict");
       return;
     }
@@ -197,6 +195,19 @@ void BM_Int8Decode(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   report(state, static_cast<double>(input.size() + payload.size()));
+}
+
+void BM_Int8Encode(benchmark::State& state) {
+  row_encode(state, cpu::detail::kInt8RowCodec);
+}
+void BM_Int8Decode(benchmark::State& state) {
+  row_decode(state, cpu::detail::kInt8RowCodec);
+}
+void BM_Int4Encode(benchmark::State& state) {
+  row_encode(state, cpu::detail::kInt4RowCodec);
+}
+void BM_Int4Decode(benchmark::State& state) {
+  row_decode(state, cpu::detail::kInt4RowCodec);
 }
 
 // Args: elements, exact.
@@ -344,6 +355,16 @@ BENCHMARK(BM_Int8Encode)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Int8Decode)
+    ->ArgNames({"n", "dtype", "isa"})
+    ->ArgsProduct({{1000000, 25000000}, {0, 2}, {-2, 0, -1}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Int4Encode)
+    ->ArgNames({"n", "dtype", "isa"})
+    ->ArgsProduct({{1000000, 25000000}, {0, 2}, {-2, 0, -1}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Int4Decode)
     ->ArgNames({"n", "dtype", "isa"})
     ->ArgsProduct({{1000000, 25000000}, {0, 2}, {-2, 0, -1}})
     ->UseRealTime()

@@ -13,8 +13,9 @@ namespace {
 using detail::check_backend_workspace;
 
 // The segment table of `p` with element p.begin read from `nan` (one NaN of p.dtype): what a set
-// Q4EncodeParams::nan_head means, as the reduce-scatter's host path builds it.
-std::vector<Segment> segments_with_nan_head(const Q4EncodeParams& p, void* nan) {
+// nan_head (Q4EncodeParams, TopKEncodeParams) means, as the reduce-scatter's host path builds it.
+template <typename EncodeParams>
+std::vector<Segment> segments_with_nan_head(const EncodeParams& p, void* nan) {
   std::vector<Segment> out{{nan, p.begin, 1}};
   const int64_t esize = math::dtype_bytes(p.dtype);
   for (int i = 0; i < p.num_segments; ++i) {
@@ -75,6 +76,15 @@ class CpuBackend final : public Backend {
   void topk_encode(const TopKEncodeParams& p) override {
     detail::check_params(p, "top-k encode");
     check_backend_workspace(p.workspace, "top-k encode");
+    if (p.nan_head != nullptr && *p.nan_head != 0 && p.numel > 0 && p.segments != nullptr) {
+      uint32_t nan = nan_word(p.dtype);
+      const std::vector<Segment> table = segments_with_nan_head(p, &nan);
+      TopKEncodeParams q = p;
+      q.segments = table.data();
+      q.num_segments = static_cast<int>(table.size());
+      q.nan_head = nullptr;
+      return topk_encode(q);
+    }
     cpu::topk_encode(p);
   }
   void topk_decode(const TopKDecodeParams& p) override {

@@ -1,7 +1,7 @@
-// The 4-bit row codec on the host, element by element: the reference (GCW4, docs/format.md) and the
-// CPU backend's 4-bit operations.
+// The 4-bit row codec on the host over the loops of the active instruction set (cpu_int8_loops.h:
+// the int8 encode and decode loops under the 4-bit rules, then nibble packing), and the CPU
+// backend's 4-bit operations.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "cpu_int8_loops.h"
@@ -14,88 +14,55 @@ namespace gradcomp {
 namespace cpu {
 namespace {
 
-// Rows of mixed dtypes need not keep elements naturally aligned (cpu_int8_reference.cpp): bytes
-// are copied, never dereferenced as floats.
-float load_element(const uint8_t* at, int64_t i, uint8_t dtype) {
-  if (dtype == math::kDtypeF32) {
-    float v;
-    std::memcpy(&v, at + 4 * i, 4);
-    return v;
-  }
-  uint16_t h;
-  std::memcpy(&h, at + 2 * i, 2);
-  return dtype == math::kDtypeF16 ? math::half_to_float(h) : math::bf16_to_float(h);
-}
-
-void store_element(uint8_t* at, int64_t i, uint8_t dtype, float v) {
-  if (dtype == math::kDtypeF32) {
-    std::memcpy(at + 4 * i, &v, 4);
-    return;
-  }
-  const uint16_t h = dtype == math::kDtypeF16 ? math::float_to_half(v) : math::float_to_bf16(v);
-  std::memcpy(at + 2 * i, &h, 2);
-}
-
-// GCW8's header with GCW4's magic and version (the same fields at the same offsets).
-void write_header(uint8_t* p, uint8_t flags, uint32_t block, int num_runs, uint64_t numel,
-                  uint64_t sum) {
-  detail::int8_write_header(p, flags, block, num_runs, numel, sum);
-  const uint32_t magic = kInt4PayloadMagic;
-  const uint16_t version = kInt4PayloadVersion;
-  std::memcpy(p, &magic, 4);
-  std::memcpy(p + 4, &version, 2);
-}
-
-uint64_t body_sum(const uint8_t* payload, uint64_t total) {
-  return detail::int8_body_sum(payload + kInt8HeaderBytes, (total - kInt8HeaderBytes) / 4,
-                               active_isa());
-}
+// Codes pass through a stack buffer of this many bytes between the element loops and the nibble
+// packing; a whole number of the largest blocks, so every chunk but a run's last is whole blocks.
+constexpr int64_t kStagedCodes = 4 * math::kInt8MaxBlock;
 
 }  // namespace
 
 uint64_t int4_encode_row(const void* input, const Int8Run* runs, int num_runs, uint32_t block_size,
                          uint8_t* payload) {
+  const Isa isa = active_isa();
   const uint64_t total = int4_row_payload_bytes(runs, num_runs, block_size);
   const uint64_t blocks = int8_row_blocks(runs, num_runs, block_size);
   const uint64_t numel = int8_row_numel(runs, num_runs);
-  const int64_t block = block_size;
   uint8_t* scales = payload + kInt8HeaderBytes;
-  uint8_t* codes = scales + int8_align16(2 * blocks);
-  std::memset(payload, 0, total);  // padding, and the nibbles ORed in below
+  const uint64_t codes_at = kInt8HeaderBytes + int8_align16(2 * blocks);
+  uint8_t* packed = payload + codes_at;
+  // The padding after each section is zero; the packing writes every code byte (a row of odd
+  // length ends in a byte whose high nibble it leaves 0).
+  std::memset(scales + 2 * blocks, 0, codes_at - kInt8HeaderBytes - 2 * blocks);
+  std::memset(packed + (numel + 1) / 2, 0, total - codes_at - (numel + 1) / 2);
+  int8_t staged[kStagedCodes];
   const auto* at = static_cast<const uint8_t*>(input);
-  uint64_t block_index = 0, out = 0, nonfinite_at = 0;
-  for (int r = 0; r < num_runs && nonfinite_at == 0; ++r) {
-    const uint8_t dt = runs[r].dtype;
-    for (int64_t start = 0; start < runs[r].numel && nonfinite_at == 0; start += block) {
-      const int64_t end = std::min<int64_t>(start + block, runs[r].numel);
-      float absmax = 0.0f;
-      for (int64_t i = start; i < end; ++i) {
-        const float a = std::fabs(load_element(at, i, dt));
-        if (!std::isfinite(a)) {
-          nonfinite_at = 1 + out + static_cast<uint64_t>(i - start);
-          break;
-        }
-        absmax = a > absmax ? a : absmax;
+  uint64_t row_offset = 0;
+  for (int r = 0; r < num_runs; ++r) {
+    const int64_t size = math::dtype_bytes(runs[r].dtype);
+    for (int64_t start = 0; start < runs[r].numel; start += kStagedCodes) {
+      detail::Int8EncodeRun run;
+      run.input = at + start * size;
+      run.dtype = runs[r].dtype;
+      run.numel = std::min<int64_t>(kStagedCodes, runs[r].numel - start);
+      run.block = static_cast<int>(block_size);
+      run.scales = scales + 2 * (start / block_size);
+      run.codes = staged;
+      run.rules = detail::CodeRules::kInt4;
+      const uint64_t bad = detail::int8_encode_run(run, isa);
+      if (bad != 0) {
+        // A NaN weight never reaches the wire as numbers: the flagged payload carries no body.
+        std::memset(payload, 0, total);
+        detail::int4_write_header(payload, kInt8FlagNonfinite, block_size, num_runs, numel, 0);
+        return row_offset + static_cast<uint64_t>(start) + bad;
       }
-      if (nonfinite_at != 0) break;
-      const uint16_t sbits = math::int4_scale_bits(absmax);
-      std::memcpy(scales + 2 * block_index++, &sbits, 2);
-      const float scale = math::bf16_to_float(sbits);
-      for (int64_t i = start; i < end; ++i, ++out) {
-        const uint8_t nibble =
-            math::int4_nibble(math::int4_quantize(load_element(at, i, dt), scale));
-        codes[out / 2] |= static_cast<uint8_t>((out & 1) ? nibble << 4 : nibble);
-      }
+      detail::int4_pack_codes(staged, run.numel, row_offset + static_cast<uint64_t>(start), packed,
+                              isa);
     }
-    at += runs[r].numel * math::dtype_bytes(dt);
+    scales += 2 * math::int8_num_blocks(static_cast<uint64_t>(runs[r].numel), block_size);
+    at += runs[r].numel * size;
+    row_offset += static_cast<uint64_t>(runs[r].numel);
   }
-  if (nonfinite_at != 0) {
-    // A NaN weight never reaches the wire as numbers: the flagged payload carries no body.
-    std::memset(payload, 0, total);
-    write_header(payload, kInt8FlagNonfinite, block_size, num_runs, numel, 0);
-    return nonfinite_at;
-  }
-  write_header(payload, 0, block_size, num_runs, numel, body_sum(payload, total));
+  detail::int4_write_header(payload, 0, block_size, num_runs, numel,
+                            detail::row_body_sum(payload, total, isa));
   return 0;
 }
 
@@ -108,25 +75,30 @@ Int8Verdict int4_row_verdict(const uint8_t* p, const Int8Run* runs, int num_runs
 
 void int4_decode_row(const uint8_t* payload, const Int8Run* runs, int num_runs, uint32_t block_size,
                      void* output) {
+  const Isa isa = active_isa();
   const uint64_t blocks = int8_row_blocks(runs, num_runs, block_size);
-  const int64_t block = block_size;
   const uint8_t* scales = payload + kInt8HeaderBytes;
-  const uint8_t* codes = scales + int8_align16(2 * blocks);
+  const uint8_t* packed = scales + int8_align16(2 * blocks);
+  int8_t staged[kStagedCodes];
   auto* at = static_cast<uint8_t*>(output);
-  uint64_t block_index = 0, in = 0;
+  uint64_t row_offset = 0;
   for (int r = 0; r < num_runs; ++r) {
-    const uint8_t dt = runs[r].dtype;
-    for (int64_t start = 0; start < runs[r].numel; start += block) {
-      const int64_t end = std::min<int64_t>(start + block, runs[r].numel);
-      uint16_t sbits;
-      std::memcpy(&sbits, scales + 2 * block_index++, 2);
-      const float scale = math::bf16_to_float(sbits);
-      for (int64_t i = start; i < end; ++i, ++in) {
-        const uint32_t nibble = (in & 1) ? codes[in / 2] >> 4 : codes[in / 2] & 0xFu;
-        store_element(at, i, dt, math::int4_dequantize(math::int4_code(nibble), scale));
-      }
+    const int64_t size = math::dtype_bytes(runs[r].dtype);
+    for (int64_t start = 0; start < runs[r].numel; start += kStagedCodes) {
+      detail::Int8DecodeRun run;
+      run.scales = scales + 2 * (start / block_size);
+      run.codes = staged;
+      run.dtype = runs[r].dtype;
+      run.numel = std::min<int64_t>(kStagedCodes, runs[r].numel - start);
+      run.block = static_cast<int>(block_size);
+      run.output = at + start * size;
+      detail::int4_unpack_codes(packed, row_offset + static_cast<uint64_t>(start), run.numel,
+                                staged, isa);
+      detail::int8_decode_run(run, isa);
     }
-    at += runs[r].numel * math::dtype_bytes(dt);
+    scales += 2 * math::int8_num_blocks(static_cast<uint64_t>(runs[r].numel), block_size);
+    at += runs[r].numel * size;
+    row_offset += static_cast<uint64_t>(runs[r].numel);
   }
 }
 

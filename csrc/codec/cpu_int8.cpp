@@ -27,12 +27,32 @@ void int8_decode_run(const Int8DecodeRun& run, Isa isa) {
   decode_run_portable(run);
 }
 
+void int4_pack_codes(const int8_t* codes, int64_t n, uint64_t first, uint8_t* packed, Isa isa) {
+#if GRADCOMP_X86
+  if (isa != Isa::kPortable) return pack_codes_avx2(codes, n, first, packed);
+#endif
+  (void)isa;
+  pack_codes_portable(codes, n, first, packed);
+}
+
+void int4_unpack_codes(const uint8_t* packed, uint64_t first, int64_t n, int8_t* codes, Isa isa) {
+#if GRADCOMP_X86
+  if (isa != Isa::kPortable) return unpack_codes_avx2(packed, first, n, codes);
+#endif
+  (void)isa;
+  unpack_codes_portable(packed, first, n, codes);
+}
+
 uint64_t int8_body_sum(const uint8_t* body, uint64_t words, Isa isa) {
 #if GRADCOMP_X86
   if (isa != Isa::kPortable) return body_sum_avx2(body, words);
 #endif
   (void)isa;
   return body_sum_portable(body, 0, words);
+}
+
+uint64_t row_body_sum(const uint8_t* payload, uint64_t total_bytes, Isa isa) {
+  return int8_body_sum(payload + kInt8HeaderBytes, (total_bytes - kInt8HeaderBytes) / 4, isa);
 }
 
 Int8Verdict weight_row_verdict(const uint8_t* p, const Int8Run* runs, int num_runs,
@@ -54,21 +74,11 @@ Int8Verdict weight_row_verdict(const uint8_t* p, const Int8Run* runs, int num_ru
     return kInt8BadLayout;
   // Byte 7 is reserved and always written 0: any other value is a header this build cannot read.
   if ((p[6] & ~kInt8FlagNonfinite) != 0 || p[7] != 0) return kInt8BadFlags;
-  if (sum !=
-      int8_body_sum(p + kInt8HeaderBytes, (total_bytes - kInt8HeaderBytes) / 4, active_isa()))
-    return kInt8BadChecksum;
+  if (sum != row_body_sum(p, total_bytes, active_isa())) return kInt8BadChecksum;
   return (p[6] & kInt8FlagNonfinite) != 0 ? kInt8Nonfinite : kInt8Ok;
 }
 
 }  // namespace detail
-
-namespace {
-
-uint64_t body_sum(const uint8_t* payload, uint64_t total, Isa isa) {
-  return detail::int8_body_sum(payload + kInt8HeaderBytes, (total - kInt8HeaderBytes) / 4, isa);
-}
-
-}  // namespace
 
 uint64_t int8_encode_row(const void* input, const Int8Run* runs, int num_runs, uint32_t block_size,
                          uint8_t* payload) {
@@ -103,7 +113,8 @@ uint64_t int8_encode_row(const void* input, const Int8Run* runs, int num_runs, u
     at += runs[r].numel * math::dtype_bytes(runs[r].dtype);
     row_offset += static_cast<uint64_t>(runs[r].numel);
   }
-  detail::int8_write_header(payload, 0, block_size, num_runs, numel, body_sum(payload, total, isa));
+  detail::int8_write_header(payload, 0, block_size, num_runs, numel,
+                            detail::row_body_sum(payload, total, isa));
   return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "cpu_element_io.h"
 #include "cpu_int8_loops.h"
 #include "gradcomp/format.h"
 #include "math/int8_math.h"
@@ -12,29 +13,6 @@ namespace gradcomp {
 namespace cpu {
 namespace detail {
 namespace {
-
-// A row of mixed dtypes need not keep its elements naturally aligned (a bf16 run of odd length
-// before a float32 one, or rows of such a length side by side in FSDP's buffer): the host copies
-// element bytes instead of dereferencing them as floats.
-float load_element(const uint8_t* at, int64_t i, uint8_t dtype) {
-  if (dtype == math::kDtypeF32) {
-    float v;
-    std::memcpy(&v, at + 4 * i, 4);
-    return v;
-  }
-  uint16_t h;
-  std::memcpy(&h, at + 2 * i, 2);
-  return dtype == math::kDtypeF16 ? math::half_to_float(h) : math::bf16_to_float(h);
-}
-
-void store_element(uint8_t* at, int64_t i, uint8_t dtype, float v) {
-  if (dtype == math::kDtypeF32) {
-    std::memcpy(at + 4 * i, &v, 4);
-    return;
-  }
-  const uint16_t h = dtype == math::kDtypeF16 ? math::float_to_half(v) : math::float_to_bf16(v);
-  std::memcpy(at + 2 * i, &h, 2);
-}
 
 // The body checksum of the wire format v2 (docs/format.md, format::body_checksum_term), over the
 // bytes after this payload's shorter header.
@@ -111,24 +89,10 @@ uint64_t int8_encode_row_reference(const void* input, const Int8Run* runs, int n
 
 void int8_decode_row_reference(const uint8_t* payload, const Int8Run* runs, int num_runs,
                                uint32_t block_size, void* output) {
-  const uint64_t blocks = int8_row_blocks(runs, num_runs, block_size);
-  const int64_t block = block_size;
-  const uint8_t* scales = payload + kInt8HeaderBytes;
-  const int8_t* codes = reinterpret_cast<const int8_t*>(scales + int8_align16(2 * blocks));
-  auto* at = static_cast<uint8_t*>(output);
-  uint64_t block_index = 0, in = 0;
-  for (int r = 0; r < num_runs; ++r) {
-    const uint8_t dt = runs[r].dtype;
-    for (int64_t start = 0; start < runs[r].numel; start += block) {
-      const int64_t end = std::min<int64_t>(start + block, runs[r].numel);
-      uint16_t sbits;
-      std::memcpy(&sbits, scales + 2 * block_index++, 2);
-      const float scale = math::bf16_to_float(sbits);
-      for (int64_t i = start; i < end; ++i)
-        store_element(at, i, dt, math::int8_dequantize(codes[in++], scale));
-    }
-    at += runs[r].numel * math::dtype_bytes(dt);
-  }
+  decode_row_reference(payload, runs, num_runs, block_size, output,
+                       [](const uint8_t* codes, uint64_t k, float scale) {
+                         return math::int8_dequantize(static_cast<int8_t>(codes[k]), scale);
+                       });
 }
 
 }  // namespace detail

@@ -49,5 +49,27 @@ GRADCOMP_HD float int4_dequantize(int code, float scale) {
   return mul_rn((float)code, scale);
 }
 
+// ---- The same rules without a division or a conversion per element (the v2 kernels) --------
+// Each equals its counterpart above bit for bit (tests/codec/test_int4_v2_map.cpp, over every
+// scale and code and their rounding turns).
+
+// The nibble of int4_quantize(x, scale) from the quotient t0 = x / scale (div_rn's, or
+// q4_fast_quotient's, whose -0 for +0 rounds alike): clamped first (the same codes, as rintf is
+// monotone and the bounds are integers), then rounded by int8's magic addition, whose low four
+// bits are the code's two's complement; xor 8 adds the bias. A block whose scale is not > 0 gets
+// code 0.
+GRADCOMP_HD uint32_t int4_nibble_of_quotient(float t0, float scale) {
+  const float t = fminf(fmaxf(t0, -7.0f), 7.0f);
+  const uint32_t low = (float_bits(add_rn(t, kInt8RoundMagic)) & 0xFu) ^ 8u;
+  return scale > 0.0f ? low : 8u;
+}
+
+// int4_dequantize(int4_code(nibble), scale): the code as a float from the bits of
+// 1.5 * 2^23 + nibble, exact, less the magic and the bias, times the scale.
+GRADCOMP_HD float int4_dequantize_nibble(uint32_t nibble, float scale) {
+  return mul_rn(sub_rn(bits_float(kInt8RoundMagicBits + (nibble & 0xFu)), kInt8RoundMagic + 8.0f),
+                scale);
+}
+
 }  // namespace math
 }  // namespace gradcomp

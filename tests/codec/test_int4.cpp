@@ -9,6 +9,7 @@
 #include "gradcomp/cpu.h"
 #include "int4_params.h"
 #include "math/int4_math.h"
+#include "small_weight_row.h"
 
 namespace gradcomp {
 namespace {
@@ -51,20 +52,10 @@ TEST(Int4Math, CodesStayWithin7AndRoundToNearestTiesToEven) {
   EXPECT_EQ(math::int4_dequantize(-3, s), -3.0f * s);
 }
 
-// An fp32 run of 20 (a whole block and a short one of zeros) and a bf16 run of 3, blocks of 16.
+// small_weight_row_bytes' row, blocks of 16.
 struct SmallRow {
-  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> bytes = small_weight_row_bytes(bf16(0x3E13));
   Int8Run runs[2] = {{math::kDtypeF32, 20}, {math::kDtypeBF16, 3}};
-  SmallRow() {
-    const float s = bf16(0x3E13);
-    const float f[20] = {1.0f,  -0.5f, 0.25f, 2.5f * s, -2.5f * s, 0.5f * s, 3.5f * s,
-                         0.0f,  -1.0f, 0.75f, 1e-3f,    -1e-3f,    0.125f,   1.5f * s,
-                         -0.0f, 0.3f,  0.0f,  0.0f,     0.0f,      0.0f};
-    const uint16_t b[3] = {0x4040, 0xBFC0, 0x3C00};  // 3.0, -1.5, 2^-7
-    bytes.resize(sizeof f + sizeof b);
-    std::memcpy(bytes.data(), f, sizeof f);
-    std::memcpy(bytes.data() + sizeof f, b, sizeof b);
-  }
 };
 
 TEST(Int4Row, PayloadOfASmallRowHasTheseExactBytes) {
@@ -89,10 +80,9 @@ TEST(Int4Row, PayloadOfASmallRowHasTheseExactBytes) {
   EXPECT_EQ(cpu::int4_row_verdict(payload.data(), row.runs, 2, 16), kInt8Ok);
   std::vector<uint8_t> decoded(row.bytes.size());
   cpu::int4_decode_row(payload.data(), row.runs, 2, 16, decoded.data());
-  float f[20];
-  uint16_t b[3];
-  std::memcpy(f, decoded.data(), sizeof f);
-  std::memcpy(b, decoded.data() + sizeof f, sizeof b);
+  const SmallWeightRowValues got(decoded);
+  const float* f = got.f;
+  const uint16_t* b = got.b;
   const float s = bf16(0x3E13);
   EXPECT_EQ(f[0], 7.0f * s);
   EXPECT_EQ(f[1], -3.0f * s);

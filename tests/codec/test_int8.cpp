@@ -11,6 +11,7 @@
 #include "gradcomp/all_gather.h"
 #include "gradcomp/backend.h"
 #include "math/int8_math.h"
+#include "small_weight_row.h"
 
 namespace gradcomp {
 namespace {
@@ -67,20 +68,10 @@ TEST(Int8Math, BlockSizes) {
   EXPECT_FALSE(math::int8_block_size_valid(8192));
 }
 
-// An fp32 run of 20 (a whole block and a short one of zeros) and a bf16 run of 3, blocks of 16.
+// small_weight_row_bytes' row, blocks of 16.
 struct SmallRow {
-  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> bytes = small_weight_row_bytes(bf16(0x3C02));
   AllGatherRun runs[2] = {{DType::kFloat32, 20}, {DType::kBFloat16, 3}};
-  SmallRow() {
-    const float s = bf16(0x3C02);
-    const float f[20] = {1.0f,  -0.5f, 0.25f, 2.5f * s, -2.5f * s, 0.5f * s, 3.5f * s,
-                         0.0f,  -1.0f, 0.75f, 1e-3f,    -1e-3f,    0.125f,   1.5f * s,
-                         -0.0f, 0.3f,  0.0f,  0.0f,     0.0f,      0.0f};
-    const uint16_t b[3] = {0x4040, 0xBFC0, 0x3C00};  // 3.0, -1.5, 2^-7
-    bytes.resize(sizeof f + sizeof b);
-    std::memcpy(bytes.data(), f, sizeof f);
-    std::memcpy(bytes.data() + sizeof f, b, sizeof b);
-  }
 };
 
 TEST(Int8Row, PayloadOfASmallRowHasTheseExactBytes) {
@@ -105,10 +96,9 @@ TEST(Int8Row, PayloadOfASmallRowHasTheseExactBytes) {
   std::vector<uint8_t> decoded(row.bytes.size());
   EXPECT_TRUE(int8_check_row(payload.data(), row.runs, 2, 16, 0));
   int8_decode_row(payload.data(), row.runs, 2, 16, decoded.data());
-  float f[20];
-  uint16_t b[3];
-  std::memcpy(f, decoded.data(), sizeof f);
-  std::memcpy(b, decoded.data() + sizeof f, sizeof b);
+  const SmallWeightRowValues got(decoded);
+  const float* f = got.f;
+  const uint16_t* b = got.b;
   EXPECT_EQ(f[0], 126.0f * bf16(0x3C02));
   EXPECT_EQ(f[3], 2.0f * bf16(0x3C02));
   EXPECT_EQ(f[17], 0.0f);

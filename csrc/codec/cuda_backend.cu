@@ -6,8 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "cuda_outer_tables.h"
 #include "gradcomp/cuda.h"
 #include "gradcomp/format.h"
+#include "int4_params.h"
 #include "launchers.h"
 #include "params_checks.h"
 #include "v2/end_bucket_v2.h"
@@ -144,6 +146,9 @@ class CudaBackend final : public Backend {
   void topk_encode(const TopKEncodeParams& p) override {
     check_params(p, "top-k encode");
     check_backend_workspace(p.workspace, "top-k encode");
+    GRADCOMP_CHECK(p.nan_head == nullptr || v2_,
+                   "top-k encode: a device NaN-head flag (the reduce-scatter's non-finite poison) "
+                   "needs the v2 kernels (GRADCOMP_KERNELS=v2)");
     TopKEncodeParams d = p;
     TableSlot& slot = stage_segments(d.segments, p.num_segments);
     GRADCOMP_CUDA_CHECK(v2_ ? kernels::v2::run_topk_encode(d, stream_)
@@ -250,52 +255,25 @@ class CudaBackend final : public Backend {
     return true;
   }
 
-  // The int8 all-gather's kernels exist in v2 only; under v1 they are refused naming the switch.
+  // The weight all-gathers' kernels (int8 and 4-bit) exist in v2 only; under v1 they are refused
+  // naming the switch.
   const char* int8_unsupported() const override {
     return v2_ ? nullptr
                : "its CUDA kernels are v2 only: set GRADCOMP_KERNELS=v2 (opt-in until a GPU has "
                  "run them byte-equal to the CPU; docs/api.md, \"Kernel generations\")";
   }
-  // The 4-bit all-gather has no CUDA kernels yet (docs/api.md): refused by name, under v1 and v2.
-  const char* int4_unsupported() const override {
-    return "the 4-bit weight all-gather has no CUDA kernels yet (gradcomp.Int8 has v2 ones; "
-           "4-bit runs on the CPU backend)";
-  }
+  const char* int4_unsupported() const override { return int8_unsupported(); }
   void int8_encode(const Int8EncodeParams& p) override {
-    check_int8(params_problem(p), "int8 encode");
-    check_int8(int8_alignment_problem(p.runs, p.num_runs, p.input, false), "int8 encode");
-    GRADCOMP_CHECK(reinterpret_cast<uintptr_t>(p.payload) % 16 == 0,
-                   "int8 encode: the payload is not 16-byte aligned");
-    // Two zeroed words (the body sum, the non-finite mark) staged with no wait.
-    TableSlot& slot = acquire_table(2 * sizeof(uint64_t));
-    std::memset(slot.host, 0, 2 * sizeof(uint64_t));
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(slot.device, slot.host, 2 * sizeof(uint64_t),
-                                        cudaMemcpyHostToDevice, stream_));
-    GRADCOMP_CUDA_CHECK(
-        kernels::v2::run_int8_encode(p, reinterpret_cast<uint64_t*>(slot.device), stream_));
-    GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
+    weight_encode(p, params_problem(p), "int8 encode", kernels::v2::run_int8_encode);
   }
   void int8_decode(const Int8DecodeParams& p) override {
-    check_int8(params_problem(p), "int8 decode");
-    check_int8(int8_alignment_problem(p.runs, p.num_runs, p.output, p.num_payloads > 1),
-               "int8 decode");
-    for (int w = 0; w < p.num_payloads; ++w)
-      GRADCOMP_CHECK(
-          p.payloads[w] != nullptr && reinterpret_cast<uintptr_t>(p.payloads[w]) % 16 == 0,
-          "int8 decode: payload " << w << " is null or not 16-byte aligned");
-    // The payload pointers and num_payloads + 1 zeroed body-sum words, in one transfer.
-    const size_t ptr_bytes = align(sizeof(void*) * p.num_payloads);
-    const size_t bytes = ptr_bytes + sizeof(uint64_t) * (p.num_payloads + 1);
-    TableSlot& slot = acquire_table(bytes);
-    std::memset(slot.host, 0, bytes);
-    std::memcpy(slot.host, p.payloads, sizeof(void*) * p.num_payloads);
-    GRADCOMP_CUDA_CHECK(
-        cudaMemcpyAsync(slot.device, slot.host, bytes, cudaMemcpyHostToDevice, stream_));
-    Int8DecodeParams d = p;
-    d.payloads = reinterpret_cast<const uint8_t* const*>(slot.device);
-    GRADCOMP_CUDA_CHECK(kernels::v2::run_int8_decode(
-        d, reinterpret_cast<uint64_t*>(slot.device + ptr_bytes), stream_));
-    GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
+    weight_decode(p, params_problem(p), "int8 decode", kernels::v2::run_int8_decode);
+  }
+  void int4_encode(const Int8EncodeParams& p) override {
+    weight_encode(p, int4_params_problem(p), "4-bit encode", kernels::v2::run_int4_encode);
+  }
+  void int4_decode(const Int8DecodeParams& p) override {
+    weight_decode(p, int4_params_problem(p), "4-bit decode", kernels::v2::run_int4_decode);
   }
 
   // ---- DiLoCo's outer step (kernels/outer_params.h): v2 kernels only. Under v1 OuterSync keeps
@@ -305,17 +283,28 @@ class CudaBackend final : public Backend {
                : "its CUDA kernels are v2 only: set GRADCOMP_KERNELS=v2 (opt-in until a GPU has "
                  "run them byte-equal to the CPU; docs/api.md, \"Kernel generations\")";
   }
+  // One launch per dtype over the fragment's tensors, through its cached device table.
   void outer_gradient(const OuterGradientParams& p) override {
     check_outer(params_problem(p), "outer gradient");
-    GRADCOMP_CUDA_CHECK(kernels::v2::run_outer_gradient(p, stream_));
+    const auto& table = outer_tables_.table(p.tensors, p.num_tensors, stream_);
+    GRADCOMP_CUDA_CHECK(kernels::v2::run_outer_gradient(p, table, stream_));
+    outer_tables_.used(stream_);
   }
   void outer_step(const OuterStepParams& p) override {
     check_outer(params_problem(p), "outer step");
-    GRADCOMP_CUDA_CHECK(kernels::v2::run_outer_step(p, stream_));
+    if (p.num_tensors == 0) {  // no store: the fp32 state alone, no table
+      GRADCOMP_CUDA_CHECK(kernels::v2::run_outer_step(p, kernels::v2::OuterDeviceTable{}, stream_));
+      return;
+    }
+    const auto& table = outer_tables_.table(p.tensors, p.num_tensors, stream_);
+    GRADCOMP_CUDA_CHECK(kernels::v2::run_outer_step(p, table, stream_));
+    outer_tables_.used(stream_);
   }
   void outer_merge(const OuterMergeParams& p) override {
     check_outer(params_problem(p), "outer merge");
-    GRADCOMP_CUDA_CHECK(kernels::v2::run_outer_merge(p, stream_));
+    const auto& table = outer_tables_.table(p.tensors, p.num_tensors, stream_);
+    GRADCOMP_CUDA_CHECK(kernels::v2::run_outer_merge(p, table, stream_));
+    outer_tables_.used(stream_);
   }
 
  private:
@@ -326,11 +315,54 @@ class CudaBackend final : public Backend {
     GRADCOMP_CHECK(problem == nullptr, "DiLoCo " << what << ": " << problem);
   }
 
-  // The int8 operations' shared refusals: v1 kernels, then the params' rule.
+  // The weight operations' shared refusals: v1 kernels, then the params' rule.
   void check_int8(const char* problem, const char* what) const {
     const char* unsupported = int8_unsupported();
     GRADCOMP_CHECK(unsupported == nullptr, what << " on CUDA: " << unsupported);
     GRADCOMP_CHECK(problem == nullptr, what << ": " << problem);
+  }
+
+  // A weight row's encode (GCW8 or GCW4, by `launch`): refusals, then two zeroed words (the body
+  // sum, the non-finite mark) staged with no wait.
+  using WeightEncodeLauncher = kernels::LaunchStatus (*)(const Int8EncodeParams&, uint64_t*,
+                                                         cudaStream_t);
+  void weight_encode(const Int8EncodeParams& p, const char* problem, const char* what,
+                     WeightEncodeLauncher launch) {
+    check_int8(problem, what);
+    check_int8(int8_alignment_problem(p.runs, p.num_runs, p.input, false), what);
+    GRADCOMP_CHECK(reinterpret_cast<uintptr_t>(p.payload) % 16 == 0,
+                   what << ": the payload is not 16-byte aligned");
+    TableSlot& slot = acquire_table(2 * sizeof(uint64_t));
+    std::memset(slot.host, 0, 2 * sizeof(uint64_t));
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(slot.device, slot.host, 2 * sizeof(uint64_t),
+                                        cudaMemcpyHostToDevice, stream_));
+    GRADCOMP_CUDA_CHECK(launch(p, reinterpret_cast<uint64_t*>(slot.device), stream_));
+    GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
+  }
+
+  // Every rank's rows checked then decoded (by `launch`): the payload pointers and
+  // num_payloads + 1 zeroed body-sum words staged in one transfer.
+  using WeightDecodeLauncher = kernels::LaunchStatus (*)(const Int8DecodeParams&, uint64_t*,
+                                                         cudaStream_t);
+  void weight_decode(const Int8DecodeParams& p, const char* problem, const char* what,
+                     WeightDecodeLauncher launch) {
+    check_int8(problem, what);
+    check_int8(int8_alignment_problem(p.runs, p.num_runs, p.output, p.num_payloads > 1), what);
+    for (int w = 0; w < p.num_payloads; ++w)
+      GRADCOMP_CHECK(
+          p.payloads[w] != nullptr && reinterpret_cast<uintptr_t>(p.payloads[w]) % 16 == 0,
+          what << ": payload " << w << " is null or not 16-byte aligned");
+    const size_t ptr_bytes = align(sizeof(void*) * p.num_payloads);
+    const size_t bytes = ptr_bytes + sizeof(uint64_t) * (p.num_payloads + 1);
+    TableSlot& slot = acquire_table(bytes);
+    std::memset(slot.host, 0, bytes);
+    std::memcpy(slot.host, p.payloads, sizeof(void*) * p.num_payloads);
+    GRADCOMP_CUDA_CHECK(
+        cudaMemcpyAsync(slot.device, slot.host, bytes, cudaMemcpyHostToDevice, stream_));
+    Int8DecodeParams d = p;
+    d.payloads = reinterpret_cast<const uint8_t* const*>(slot.device);
+    GRADCOMP_CUDA_CHECK(launch(d, reinterpret_cast<uint64_t*>(slot.device + ptr_bytes), stream_));
+    GRADCOMP_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
   }
 
   // Status words on the device: a decoder's rejection code (decoders write nothing while it is
@@ -444,6 +476,7 @@ class CudaBackend final : public Backend {
   cudaError_t deferred_error_ = cudaSuccess;
   std::array<TableSlot, kTableSlots> tables_;
   int next_table_ = 0;
+  OuterTableCache outer_tables_;
 };
 
 }  // namespace

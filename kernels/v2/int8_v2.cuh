@@ -1,5 +1,5 @@
-// What the int8 v2 kernels share (kernels/v2/int8_v2_encode_kernels.cu, int8_v2_kernels.cu): a
-// run's arguments, a thread's place in the aligned layout, and the host's grid and dtype choice.
+// What the weight v2 kernels share (int8_v2_*.cu, and int4_v2_*.cu for GCW4): a run's arguments,
+// a thread's place in the aligned layout, the row seal and check, the host's grid and dtype choice.
 #pragma once
 
 #include "int8_params.h"
@@ -32,6 +32,31 @@ __device__ __forceinline__ ChunkMap chunk_map(uint32_t block_log2) {
                   static_cast<uint64_t>(blockIdx.x) * kInt8Warps + (threadIdx.x >> 5),
                   static_cast<uint64_t>(gridDim.x) * kInt8Warps);
 }
+
+// The hardware's reciprocal approximation (within 1 ulp for normal scales), which
+// math::q4_refine_reciprocal turns into the scale's reciprocal.
+__device__ __forceinline__ float approx_reciprocal(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The checksum term of one byte of the body at byte offset `at` (format::body_checksum_term is
+// linear in the word, so each byte adds its own share).
+__device__ __forceinline__ uint64_t byte_term(uint32_t byte, uint64_t at) {
+  return format::body_checksum_term(byte << (8 * (at & 3)), at >> 2);
+}
+
+// The row launches GCW8 and GCW4 share (they differ in magic, version and the codes section's
+// size). The seal, after every run's encode: the header (or a flagged row's zeroed body), the
+// sections' padding and the caller's report word; `scratch`: the encode's 2 words.
+cudaError_t launch_row_seal(const Int8EncodeParams& p, uint64_t total, uint64_t codes_bytes,
+                            uint32_t magic, uint16_t version, uint64_t* scratch,
+                            cudaStream_t stream);
+// The device check of p.num_payloads payloads of `total` bytes into p.verdicts, before any decode
+// launch; `sums`: num_payloads + 1 zeroed words.
+cudaError_t launch_row_check(const Int8DecodeParams& p, uint64_t total, uint32_t magic,
+                             uint16_t version, uint64_t* sums, cudaStream_t stream);
 
 __device__ __forceinline__ const uint8_t* payload_at(const uint8_t* const* payloads, int w) {
   return reinterpret_cast<const uint8_t*>(

@@ -10,20 +10,6 @@ namespace {
 
 using namespace int8;  // the pieces the int8 kernels share (int8_v2.cuh)
 
-// The hardware's reciprocal approximation (within 1 ulp for normal scales), which
-// math::q4_refine_reciprocal turns into the scale's reciprocal.
-__device__ __forceinline__ float approx_reciprocal(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// The checksum term of one byte of the body at byte offset `at` (format::body_checksum_term is
-// linear in the word, so each byte adds its own share).
-__device__ __forceinline__ uint64_t byte_term(uint32_t byte, uint64_t at) {
-  return format::body_checksum_term(byte << (8 * (at & 3)), at >> 2);
-}
-
 struct Int8EncodeArgs {
   Int8RunArgs run;
   uint8_t* body;                  // the payload after its header
@@ -216,10 +202,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) int8_encode_v2_kernel(const 
 
 struct Int8SealArgs {
   uint8_t* payload;  // 16-byte aligned
-  uint64_t total;    // int8_row_payload_bytes: a multiple of 16
+  uint64_t total;    // the row's payload bytes: a multiple of 16
+  uint32_t magic;    // GCW8's or GCW4's
+  uint32_t version;
   uint32_t block;
   uint32_t num_runs;
   uint64_t numel;
+  uint64_t codes_bytes;           // the codes section before its padding
   uint64_t scales_end, codes_at;  // body offsets: the scales' end, the codes section
   const unsigned long long* sum;
   const unsigned long long* nonfinite;
@@ -239,8 +228,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) int8_seal_v2_kernel(const In
          i < vectors; i += stride)
       __stcs(reinterpret_cast<uint4*>(body) + i, make_uint4(0, 0, 0, 0));
   } else if (blockIdx.x == 0 && threadIdx.x < 32) {
-    const uint64_t at =
-        threadIdx.x < 16 ? a.scales_end + threadIdx.x : a.codes_at + a.numel + (threadIdx.x - 16);
+    const uint64_t at = threadIdx.x < 16 ? a.scales_end + threadIdx.x
+                                         : a.codes_at + a.codes_bytes + (threadIdx.x - 16);
     const uint64_t end = threadIdx.x < 16 ? a.codes_at : body_bytes;
     if (at < end) __stcs(body + at, static_cast<uint8_t>(0));
   }
@@ -248,7 +237,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) int8_seal_v2_kernel(const In
   const unsigned long long sum = bad != 0 ? 0ull : __ldcg(a.sum);
   const uint32_t flags = bad != 0 ? kInt8FlagNonfinite : 0u;
   __stcs(reinterpret_cast<uint4*>(a.payload),
-         make_uint4(kInt8PayloadMagic, kInt8PayloadVersion | (flags << 16), a.block, a.num_runs));
+         make_uint4(a.magic, a.version | (flags << 16), a.block, a.num_runs));
   __stcs(reinterpret_cast<uint4*>(a.payload) + 1,
          make_uint4(static_cast<uint32_t>(a.numel), static_cast<uint32_t>(a.numel >> 32),
                     static_cast<uint32_t>(sum), static_cast<uint32_t>(sum >> 32)));
@@ -298,22 +287,38 @@ LaunchStatus run_int8_encode(const Int8EncodeParams& p, uint64_t* scratch, cudaS
     a.run.first_block += run_blocks;
     a.run.row_offset += static_cast<uint64_t>(a.run.numel);
   }
+  s.error =
+      launch_row_seal(p, int8_row_payload_bytes(p.runs, p.num_runs, p.block_size), a.run.row_offset,
+                      kInt8PayloadMagic, kInt8PayloadVersion, scratch, stream);
+  return s;
+}
+
+namespace int8 {
+
+cudaError_t launch_row_seal(const Int8EncodeParams& p, uint64_t total, uint64_t codes_bytes,
+                            uint32_t magic, uint16_t version, uint64_t* scratch,
+                            cudaStream_t stream) {
+  const uint64_t blocks = int8_row_blocks(p.runs, p.num_runs, p.block_size);
   Int8SealArgs seal;
   seal.payload = p.payload;
-  seal.total = int8_row_payload_bytes(p.runs, p.num_runs, p.block_size);
+  seal.total = total;
+  seal.magic = magic;
+  seal.version = version;
   seal.block = p.block_size;
   seal.num_runs = static_cast<uint32_t>(p.num_runs);
-  seal.numel = a.run.row_offset;
+  seal.numel = int8_row_numel(p.runs, p.num_runs);
+  seal.codes_bytes = codes_bytes;
   seal.scales_end = 2 * blocks;
-  seal.codes_at = codes_section;
-  seal.sum = a.sum;
-  seal.nonfinite = a.nonfinite;
+  seal.codes_at = int8_align16(2 * blocks);
+  seal.sum = reinterpret_cast<unsigned long long*>(scratch);
+  seal.nonfinite = reinterpret_cast<unsigned long long*>(scratch + 1);
   seal.nonfinite_at = reinterpret_cast<unsigned long long*>(p.nonfinite_at);
   const uint64_t vectors = (seal.total - kInt8HeaderBytes) / 16;
   int8_seal_v2_kernel<<<grid_for(vectors / 32 + 1), kThreadsPerBlock, 0, stream>>>(seal);
-  s.error = cudaGetLastError();
-  return s;
+  return cudaGetLastError();
 }
+
+}  // namespace int8
 
 }  // namespace v2
 }  // namespace kernels

@@ -13,7 +13,8 @@ using namespace int8;  // the pieces the int8 kernels share (int8_v2.cuh)
 struct Int8CheckArgs {
   const uint8_t* const* payloads;  // device array of 16-byte aligned payloads
   int n;
-  uint64_t total;  // every payload's expected size
+  uint64_t total;           // every payload's expected size
+  uint32_t magic, version;  // GCW8's or GCW4's
   uint32_t block, num_runs;
   uint64_t numel;
   unsigned long long* sums;  // n sums, then the finished-block count
@@ -56,9 +57,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) int8_check_v2_kernel(const I
     const uint64_t sum = h1.z | (static_cast<uint64_t>(h1.w) << 32);
     const uint32_t version = h0.y & 0xFFFFu, flags = (h0.y >> 16) & 0xFFu, reserved = h0.y >> 24;
     int32_t v = kInt8Ok;
-    if (h0.x != kInt8PayloadMagic) {
+    if (h0.x != a.magic) {
       v = kInt8BadMagic;
-    } else if (version != kInt8PayloadVersion) {
+    } else if (version != a.version) {
       v = kInt8BadVersion;
     } else if (h0.z != a.block || h0.w != a.num_runs || numel != a.numel) {
       v = kInt8BadLayout;
@@ -176,24 +177,10 @@ LaunchStatus run_int8_decode(const Int8DecodeParams& p, uint64_t* sums, cudaStre
     s.rejected = "no body-sum words";
     return s;
   }
+  s.error = launch_row_check(p, int8_row_payload_bytes(p.runs, p.num_runs, p.block_size),
+                             kInt8PayloadMagic, kInt8PayloadVersion, sums, stream);
+  if (s.error != cudaSuccess) return s;
   const uint64_t blocks = int8_row_blocks(p.runs, p.num_runs, p.block_size);
-  const uint64_t total = int8_row_payload_bytes(p.runs, p.num_runs, p.block_size);
-  Int8CheckArgs c;
-  c.payloads = p.payloads;
-  c.n = p.num_payloads;
-  c.total = total;
-  c.block = p.block_size;
-  c.num_runs = static_cast<uint32_t>(p.num_runs);
-  c.numel = int8_row_numel(p.runs, p.num_runs);
-  c.sums = reinterpret_cast<unsigned long long*>(sums);
-  c.verdicts = p.verdicts;
-  const uint64_t per_cta = static_cast<uint64_t>(kThreadsPerBlock) * 4;
-  const uint64_t cap = kInt8MaxCtas / static_cast<uint64_t>(p.num_payloads) + 1;
-  uint64_t x = ((total - kInt8HeaderBytes) / 16 + per_cta - 1) / per_cta;
-  x = x < 1 ? 1 : (x > cap ? cap : x);
-  int8_check_v2_kernel<<<dim3(static_cast<unsigned>(x), static_cast<unsigned>(p.num_payloads)),
-                         kThreadsPerBlock, 0, stream>>>(c);
-  if ((s.error = cudaGetLastError()) != cudaSuccess) return s;
   Int8DecodeArgs d;
   d.payloads = p.payloads;
   d.n = p.num_payloads;
@@ -227,6 +214,31 @@ LaunchStatus run_int8_decode(const Int8DecodeParams& p, uint64_t* sums, cudaStre
   return s;
 }
 
+namespace int8 {
+
+cudaError_t launch_row_check(const Int8DecodeParams& p, uint64_t total, uint32_t magic,
+                             uint16_t version, uint64_t* sums, cudaStream_t stream) {
+  Int8CheckArgs c;
+  c.payloads = p.payloads;
+  c.n = p.num_payloads;
+  c.total = total;
+  c.magic = magic;
+  c.version = version;
+  c.block = p.block_size;
+  c.num_runs = static_cast<uint32_t>(p.num_runs);
+  c.numel = int8_row_numel(p.runs, p.num_runs);
+  c.sums = reinterpret_cast<unsigned long long*>(sums);
+  c.verdicts = p.verdicts;
+  const uint64_t per_cta = static_cast<uint64_t>(kThreadsPerBlock) * 4;
+  const uint64_t cap = kInt8MaxCtas / static_cast<uint64_t>(p.num_payloads) + 1;
+  uint64_t x = ((total - kInt8HeaderBytes) / 16 + per_cta - 1) / per_cta;
+  x = x < 1 ? 1 : (x > cap ? cap : x);
+  int8_check_v2_kernel<<<dim3(static_cast<unsigned>(x), static_cast<unsigned>(p.num_payloads)),
+                         kThreadsPerBlock, 0, stream>>>(c);
+  return cudaGetLastError();
+}
+
+}  // namespace int8
 }  // namespace v2
 }  // namespace kernels
 }  // namespace gradcomp

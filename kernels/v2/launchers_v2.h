@@ -9,6 +9,7 @@
 #include "int8_params.h"
 #include "launchers.h"
 #include "outer_params.h"
+#include "v2/outer_v2_map.h"
 
 namespace gradcomp {
 namespace kernels {
@@ -45,14 +46,25 @@ LaunchStatus run_int8_encode(const Int8EncodeParams& p, uint64_t* scratch, cudaS
 // leaves every row untouched (the decode launches read the verdicts on the device).
 LaunchStatus run_int8_decode(const Int8DecodeParams& p, uint64_t* sums, cudaStream_t stream);
 
+// ---- The 4-bit weight all-gather (GCW4, kernels/int4_params.h; v2 only) ---------------------
+// run_int8_encode's and run_int8_decode's contracts with GCW4's bytes (cpu_int4.cpp is the
+// reference): the same params, scratch and sum words, alignment and verdicts.
+LaunchStatus run_int4_encode(const Int8EncodeParams& p, uint64_t* scratch, cudaStream_t stream);
+LaunchStatus run_int4_decode(const Int8DecodeParams& p, uint64_t* sums, cudaStream_t stream);
+
 // ---- DiLoCo's outer step (kernels/outer_params.h; v2 only) ---------------------------------
 // The Backend::outer_* contracts, queued on `stream` without a wait. Every pointer is device
 // memory but p.tensors (host); each tensor's elements must be aligned to its dtype (refused
-// otherwise). One launch per tensor (its dtype; 16-byte accesses when the tensor and its stretch
-// of the fp32 buffers are 16-byte aligned); the step without a store is one launch.
-LaunchStatus run_outer_gradient(const OuterGradientParams& p, cudaStream_t stream);
-LaunchStatus run_outer_step(const OuterStepParams& p, cudaStream_t stream);
-LaunchStatus run_outer_merge(const OuterMergeParams& p, cudaStream_t stream);
+// otherwise). `table` is p.tensors' device table (outer_v2_map.h's build_outer_table, uploaded by
+// the caller, which keeps it alive until the launches have run). One launch per dtype the
+// fragment has (16-byte accesses for each tensor whose data and stretch of the fp32 buffers are
+// 16-byte aligned); the step without a store is one launch and reads no table.
+LaunchStatus run_outer_gradient(const OuterGradientParams& p, const OuterDeviceTable& table,
+                                cudaStream_t stream);
+LaunchStatus run_outer_step(const OuterStepParams& p, const OuterDeviceTable& table,
+                            cudaStream_t stream);
+LaunchStatus run_outer_merge(const OuterMergeParams& p, const OuterDeviceTable& table,
+                             cudaStream_t stream);
 
 // How v2 finds the exact threshold in this build and process: the sample bracket (default), or
 // cub::DeviceTopK with GRADCOMP_TOPK_EXACT=cub when the build found CCCL >= 3.3 (else it says

@@ -51,18 +51,20 @@ __device__ __forceinline__ uint32_t narrow(float v) {
   return D == math::kDtypeBF16 ? math::float_to_bf16(v) : math::float_to_half(v);
 }
 
-// One global load or store with A's cache policy.
+// One global load or store with A's cache policy. kInPlace's are the default policy (.ca, .wb)
+// spelled as global accesses: the outer kernels take their pointers from a device table, whose
+// address space the compiler cannot see (a plain dereference would be a generic access).
 template <Access A, typename T>
 __device__ __forceinline__ T load_global(const T* p) {
   if constexpr (A == Access::kStreamed) return __ldcs(p);
-  return *p;
+  return __ldca(p);
 }
 template <Access A, typename T>
 __device__ __forceinline__ void store_global(T* p, T v) {
   if constexpr (A == Access::kStreamed) {
     __stcs(p, v);
   } else {
-    *p = v;
+    __stwb(p, v);
   }
 }
 

@@ -1,5 +1,6 @@
-// The int8 all-gather's v2 CUDA kernels against the CPU backend, byte for byte: encode and decode
-// across dtypes, uneven runs and block sizes, a NaN refused by name, a corrupt payload refused.
+// The weight all-gathers' v2 CUDA kernels (int8, and 4-bit: GpuInt4AllGather) against the CPU
+// backend, byte for byte: encode and decode across dtypes, uneven runs and block sizes, a NaN
+// refused by name, a corrupt payload refused.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -58,11 +59,13 @@ struct Encoded {
   uint64_t nonfinite_at = 0;
 };
 
-// `shift`: bytes between the device allocation (256-byte aligned) and the row on the GPU.
+// `shift`: bytes between the device allocation (256-byte aligned) and the row on the GPU;
+// `int4`: the 4-bit codec (GCW4) instead of int8.
 Encoded encode_with(Backend& backend, const Shape& s, const std::vector<uint8_t>& row,
-                    size_t shift = 0) {
+                    size_t shift = 0, bool int4 = false) {
   const int nr = static_cast<int>(s.runs.size());
-  const uint64_t slot = int8_row_payload_bytes(s.runs.data(), nr, s.block);
+  const uint64_t slot = int4 ? int4_row_payload_bytes(s.runs.data(), nr, s.block)
+                             : int8_row_payload_bytes(s.runs.data(), nr, s.block);
   Encoded out;
   out.payload.assign(slot, 0);
   Int8EncodeParams e;
@@ -74,7 +77,7 @@ Encoded encode_with(Backend& backend, const Shape& s, const std::vector<uint8_t>
     e.input = row.data();
     e.payload = out.payload.data();
     e.nonfinite_at = &out.nonfinite_at;
-    backend.int8_encode(e);
+    int4 ? backend.int4_encode(e) : backend.int8_encode(e);
     return out;
   }
   DeviceBuffer in(row.size() + shift), payload(slot), mark(8);
@@ -84,7 +87,7 @@ Encoded encode_with(Backend& backend, const Shape& s, const std::vector<uint8_t>
   e.input = in.get() + shift;
   e.payload = payload.get();
   e.nonfinite_at = reinterpret_cast<uint64_t*>(mark.get());
-  backend.int8_encode(e);
+  int4 ? backend.int4_encode(e) : backend.int8_encode(e);
   out.payload = payload.host();
   const std::vector<uint8_t> m = mark.host();
   std::memcpy(&out.nonfinite_at, m.data(), 8);
@@ -96,7 +99,8 @@ Encoded encode_with(Backend& backend, const Shape& s, const std::vector<uint8_t>
 // it, which must stay untouched too).
 std::vector<int32_t> decode_on_gpu(Backend& gpu, const Shape& s,
                                    const std::vector<std::vector<uint8_t>>& payloads,
-                                   std::vector<uint8_t>* output, size_t shift = 0) {
+                                   std::vector<uint8_t>* output, size_t shift = 0,
+                                   bool int4 = false) {
   const int nr = static_cast<int>(s.runs.size()), w = static_cast<int>(payloads.size());
   const uint64_t slot = payloads[0].size(), row = int8_row_bytes(s.runs.data(), nr);
   std::vector<uint8_t> all;
@@ -116,7 +120,7 @@ std::vector<int32_t> decode_on_gpu(Backend& gpu, const Shape& s,
   d.output = out.get() + shift;
   d.output_bytes = row * w;
   d.verdicts = reinterpret_cast<int32_t*>(verdicts.get());
-  gpu.int8_decode(d);
+  int4 ? gpu.int4_decode(d) : gpu.int8_decode(d);
   const std::vector<uint8_t> all_out = out.host();
   for (size_t i = 0; i < shift; ++i) EXPECT_EQ(all_out[i], 0x5A) << "wrote before the rows";
   output->assign(all_out.begin() + static_cast<std::ptrdiff_t>(shift), all_out.end());
@@ -332,6 +336,121 @@ TEST(GpuInt8AllGather, TheCollectiveRefusesNaNAndCorruptionByNameAndV1ByTheSwitc
   auto v1 = backend_of(KernelGeneration::kV1);
   try {
     CompressedAllGather ag(comm, *v1, Int8Options{});
+    FAIL() << "v1 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("GRADCOMP_KERNELS=v2"), std::string::npos) << e.what();
+  }
+}
+
+// ---- The 4-bit codec (GCW4): the same kernels' shape, two codes per byte -------------------
+
+// Every shape above plus runs at odd row offsets (a code byte shared by two runs and, inside a
+// run, by two blocks) and aligned ones; rows at 16-byte aligned and 4-byte shifted addresses
+// (the fused 16-byte kernels and the scales-then-bytes ones): encode and decode equal the CPU.
+TEST(GpuInt4AllGather, EncodeAndDecodeEqualTheCpuInEveryLayout) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend();
+  auto gpu = backend_of(KernelGeneration::kV2);
+  std::vector<Shape> all = shapes();
+  all.push_back({{{math::kDtypeF32, 17}, {math::kDtypeBF16, 16}, {math::kDtypeF16, 33}}, 16});
+  all.push_back({{{math::kDtypeF32, 3 * 4096 + 16}}, 4096});
+  all.push_back({{{math::kDtypeF32, 64}, {math::kDtypeBF16, 520}}, 32});
+  uint32_t seed = 700;
+  for (const Shape& s : all) {
+    const int nr = static_cast<int>(s.runs.size());
+    const uint64_t row = int8_row_bytes(s.runs.data(), nr);
+    for (size_t shift : {size_t{0}, size_t{4}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "block " << s.block << " runs " << nr << " shift " << shift);
+      const std::vector<uint8_t> input = row_of(s, seed++);
+      const Encoded want = encode_with(*cpu, s, input, 0, true);
+      const Encoded got = encode_with(*gpu, s, input, shift, true);
+      EXPECT_EQ(got.nonfinite_at, 0u);
+      EXPECT_TRUE(got.payload == want.payload) << first_difference(got.payload, want.payload);
+      std::vector<std::vector<uint8_t>> payloads;
+      std::vector<uint8_t> rows_want;
+      for (int w = 0; w < 3; ++w) {
+        payloads.push_back(encode_with(*cpu, s, row_of(s, seed++), 0, true).payload);
+        std::vector<uint8_t> one(row);
+        cpu::int4_decode_row(payloads.back().data(), s.runs.data(), nr, s.block, one.data());
+        rows_want.insert(rows_want.end(), one.begin(), one.end());
+      }
+      std::vector<uint8_t> out;
+      EXPECT_EQ(decode_on_gpu(*gpu, s, payloads, &out, shift, true), std::vector<int32_t>(4, 0));
+      const std::vector<uint8_t> rows(out.begin(), out.begin() + row * 3);
+      EXPECT_TRUE(rows == rows_want) << first_difference(rows, rows_want);
+      for (size_t i = row * 3; i < out.size(); ++i) ASSERT_EQ(out[i], 0x5A) << "guard byte " << i;
+    }
+  }
+}
+
+TEST(GpuInt4AllGather, NonFiniteAndCorruptRowsGetTheCpuVerdictAndNothingIsWritten) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend();
+  auto gpu = backend_of(KernelGeneration::kV2);
+  const Shape s = shapes()[4];
+  const int nr = static_cast<int>(s.runs.size());
+  std::vector<uint8_t> row = row_of(s, 17);
+  const float nan = NAN;
+  std::memcpy(row.data() + 4 * 77, &nan, 4);  // element 77 of the fp32 run
+  const Encoded want = encode_with(*cpu, s, row, 0, true), got = encode_with(*gpu, s, row, 0, true);
+  EXPECT_EQ(want.nonfinite_at, 78u);
+  EXPECT_EQ(got.nonfinite_at, 78u);
+  EXPECT_TRUE(got.payload == want.payload) << first_difference(got.payload, want.payload);
+  const Encoded good = encode_with(*cpu, s, row_of(s, 18), 0, true);
+  std::vector<uint8_t> out;
+  EXPECT_EQ(decode_on_gpu(*gpu, s, {good.payload, got.payload}, &out, 0, true),
+            std::vector<int32_t>({kInt8Ok, kInt8Nonfinite, 1}));
+  for (uint8_t b : out) ASSERT_EQ(b, 0x5A);
+  for (size_t at : {size_t{0}, size_t{4}, size_t{16}, size_t{40}, good.payload.size() - 20}) {
+    std::vector<uint8_t> bad = good.payload;
+    bad[at] ^= 0x10;
+    const int32_t verdict = cpu::int4_row_verdict(bad.data(), s.runs.data(), nr, s.block);
+    ASSERT_NE(verdict, kInt8Ok);
+    EXPECT_EQ(decode_on_gpu(*gpu, s, {good.payload, bad}, &out, 0, true),
+              std::vector<int32_t>({kInt8Ok, verdict, 1}))
+        << "byte " << at;
+    for (uint8_t b : out) ASSERT_EQ(b, 0x5A);
+  }
+  // An int8 payload is not a 4-bit one.
+  const Encoded int8 = encode_with(*cpu, s, row_of(s, 18));
+  std::vector<uint8_t> foreign = int8.payload;
+  foreign.resize(good.payload.size());
+  EXPECT_EQ(decode_on_gpu(*gpu, s, {foreign}, &out, 0, true),
+            std::vector<int32_t>({kInt8BadMagic, 1}));
+}
+
+// CompressedAllGather with the 4-bit codec on the v2 backend decodes as the CPU does; v1 refuses
+// it naming GRADCOMP_KERNELS=v2.
+TEST(GpuInt4AllGather, TheCollectiveRunsOnV2AndV1IsRefusedByTheSwitch) {
+  SKIP_WITHOUT_GPU();
+  const Shape s = shapes()[1];
+  const AllGatherRun run{DType::kFloat32, s.runs[0].numel};
+  const std::vector<uint8_t> row = row_of(s, 19);
+  Int8Options o;
+  o.codec = WeightCodec::kInt4;
+  {
+    DeviceLoopback comm;
+    auto gpu = backend_of(KernelGeneration::kV2);
+    CompressedAllGather ag(comm, *gpu, o);
+    DeviceBuffer input(row.data(), row.size()), output(row.size());
+    AllGatherRequest r;
+    r.input = input.get();
+    r.output = output.get();
+    r.runs = &run;
+    r.num_runs = 1;
+    r.name = "layers.0";
+    ag.all_gather(r);
+    std::vector<uint8_t> payload(int4_row_payload_bytes(s.runs.data(), 1, 64)), want(row.size());
+    ASSERT_EQ(cpu::int4_encode_row(row.data(), s.runs.data(), 1, 64, payload.data()), 0u);
+    cpu::int4_decode_row(payload.data(), s.runs.data(), 1, 64, want.data());
+    const std::vector<uint8_t> got = output.host();
+    EXPECT_TRUE(got == want) << first_difference(got, want);
+  }
+  DeviceLoopback comm;
+  auto v1 = backend_of(KernelGeneration::kV1);
+  try {
+    CompressedAllGather ag(comm, *v1, o);
     FAIL() << "v1 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("GRADCOMP_KERNELS=v2"), std::string::npos) << e.what();

@@ -86,6 +86,10 @@ struct TopKEncodeParams {
   uint8_t value_dtype = math::kDtypeF32;
   uint8_t* payload = nullptr;  // topk_payload_bytes(capacity, value_dtype) bytes
   void* workspace = nullptr;   // the backend's topk_workspace_bytes(numel)
+  // As Q4EncodeParams::nan_head: when the word is non-zero, element `begin` is read as NaN (every
+  // pass that reads the input), so the payload selects it without the host reading the flag.
+  // CUDA: v2 kernels only.
+  const uint32_t* nan_head = nullptr;
 };
 
 // Scatter-adds num_payloads top-k payloads into zeroed fp32 sums, divides by `divisor` and

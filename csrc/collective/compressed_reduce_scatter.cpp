@@ -66,7 +66,7 @@ struct CompressedReduceScatter::Bucket {
   int current = 0;  // which residual buffer holds the committed residual
   Buffer residual[2];
   Buffer send, recv, workspace, nan;
-  Buffer poison;  // v2 q4 on CUDA: the input's non-finite flag, read by the encodes on the device
+  Buffer poison;  // v2 on CUDA: the input's non-finite flag, read by the encodes on the device
   uint64_t slot_bytes = 0;
 };
 
@@ -84,8 +84,9 @@ CompressedReduceScatter::CompressedReduceScatter(Communicator& comm, Backend& ba
                  "the compressed reduce-scatter takes top-k without remedies (warm-up, momentum "
                  "correction, clipping): they are defined on a whole bucket's allreduce");
   pending_.seed = config_.seed;
-  device_decides_ = backend_.is_cuda() && config_.codec == Codec::kQ4 &&
-                    resolve_kernel_generation(config_.kernels) == KernelGeneration::kV2;
+  // The v2 q4 and top-k kernels read the poison word and report their checks on the device.
+  device_decides_ =
+      backend_.is_cuda() && resolve_kernel_generation(config_.kernels) == KernelGeneration::kV2;
 }
 
 CompressedReduceScatter::~CompressedReduceScatter() = default;
@@ -191,9 +192,9 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
   const uint8_t code = static_cast<uint8_t>(r.dtype);
 
   // A non-finite input is sent as a NaN at the head of every row, so that every rank learns of it.
-  // v1 (and top-k): the host reads the scan's flag and builds row tables with a NaN head. v2 q4
-  // on CUDA: the scan writes the bucket's own device word and every row's encode reads it
-  // (Q4EncodeParams::nan_head), so nothing waits.
+  // v1: the host reads the scan's flag and builds row tables with a NaN head. v2 on CUDA: the scan
+  // writes the bucket's own device word and every row's encode reads it (the nan_head of
+  // Q4EncodeParams and TopKEncodeParams), so nothing waits.
   const Segment whole{const_cast<uint8_t*>(input), 0, b.shard * world};
   NonfiniteScanParams scan;
   scan.segments = &whole;
@@ -251,6 +252,7 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
       e.value_dtype = static_cast<uint8_t>(config_.topk.value_dtype);
       e.payload = payload;
       e.workspace = b.workspace.get();
+      if (device_decides_) e.nan_head = reinterpret_cast<const uint32_t*>(b.poison.get());
       backend_.topk_encode(e);
     }
   }
@@ -279,6 +281,8 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
     d.dtype = code;
     d.divisor = r.divisor;
     d.workspace = b.workspace.get();
+    // The decode checks every payload before it writes: on the CPU it raises; on CUDA the v1 path
+    // reads the verdict below and v2 leaves it in the sticky status word for end_bucket.
     backend_.topk_decode(d);
   }
   // The verdict on the payloads comes before anything advances (reduce_scatter.h's contract: a
@@ -302,7 +306,7 @@ bool CompressedReduceScatter::reduce_scatter(const ReduceScatterRequest& r) {
     }
     return true;
   }
-  // On CUDA (v1, top-k) this is the host wait that reads the decode's status; the candidates'
+  // On CUDA (v1) this is the host wait that reads the decode's status; the candidates'
   // residual is adopted only for a finite result (the committed one stays otherwise), and the
   // round counts only once the payloads passed.
   bool nonfinite = false;

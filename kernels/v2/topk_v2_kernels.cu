@@ -189,6 +189,13 @@ __device__ __forceinline__ void unpack8(const uint4 a, uint8_t dtype, float (&v)
   }
 }
 
+// Element `i` of the range as the encode reads it: the NaN head when the poison word
+// (TopKEncodeParams::nan_head) is set and i is 0, else `v`. Only element 0 loads the word.
+__device__ __forceinline__ float with_nan_head(const TopKEncodeParams& p, long long i, float v) {
+  if (i != 0 || p.nan_head == nullptr) return v;
+  return topk_element_with_nan_head(i, __ldg(p.nan_head), v);
+}
+
 // acc = input + residual for the kItems elements at `first` (n of them exist; the others read 0).
 // The aligned single-segment case takes 16-byte loads; the branch is warp-uniform in a bucket of
 // one aligned segment.
@@ -222,6 +229,7 @@ __device__ __forceinline__ void load_acc(const TopKEncodeParams& p, long long fi
       }
     }
   }
+  acc[0] = with_nan_head(p, first, acc[0]);
 #pragma unroll
   for (int j = 0; j < kItems; ++j) rin[j] = 0.0f;
   if (p.residual_in != nullptr) {
@@ -402,7 +410,7 @@ __global__ void __launch_bounds__(kSampleThreads)
       const long long e = topk_sample_index_shift(j, n);
       const int s = seg_find(p.segments, p.num_segments, p.begin + e);
       const Seg g = seg_load(p.segments, s);
-      const float v = ld_in(g.data, p.begin + e - g.offset, p.dtype);
+      const float v = with_nan_head(p, e, ld_in(g.data, p.begin + e - g.offset, p.dtype));
       const float r = p.residual_in != nullptr
                           ? ld_res(static_cast<const char*>(p.residual_in), e, p.residual_dtype)
                           : 0.0f;
@@ -850,7 +858,7 @@ struct KeyOf {
   __device__ unsigned operator()(long long i) const {
     const int s = seg_find(p.segments, p.num_segments, p.begin + i);
     const Seg g = seg_load(p.segments, s);
-    const float v = ld_in(g.data, p.begin + i - g.offset, p.dtype);
+    const float v = with_nan_head(p, i, ld_in(g.data, p.begin + i - g.offset, p.dtype));
     const float r = p.residual_in != nullptr
                         ? ld_res(static_cast<const char*>(p.residual_in), i, p.residual_dtype)
                         : 0.0f;

@@ -61,6 +61,20 @@ GRADCOMP_HD uint64_t topk_entry_checksum(uint32_t index, uint64_t pos, uint32_t 
   return sum;
 }
 
+// TopKEncodeParams::nan_head: a set flag reads element 0 of the range (relative to `begin`) as
+// this value before the residual is added, the quiet NaN the host path's NaN-head table holds in
+// every dtype (fp32 0x7fc00000; fp16 0x7e00 and bf16 0x7fc0 widen to it). Adding the residual
+// gives the canonical NaN on both backends (math::add_rn), whose key 0x7fffffff is the largest
+// key: every pass orders it first, and the strided sample always holds element 0.
+constexpr uint32_t kTopKNanHeadBits = 0x7FC00000u;
+GRADCOMP_HD bool topk_reads_nan_head(int64_t element, uint32_t flag) {
+  return element == 0 && flag != 0;
+}
+// Element `element` of the range as the encode reads it (v: its loaded value), before the residual.
+GRADCOMP_HD float topk_element_with_nan_head(int64_t element, uint32_t flag, float v) {
+  return topk_reads_nan_head(element, flag) ? math::bits_float(kTopKNanHeadBits) : v;
+}
+
 // The look-back word of a compaction tile: its packed (greater << 32 | equal) count, whose two
 // halves stay below 2^31, with bit 31 set once the tile's own aggregate is posted and bit 63 set
 // once its inclusive prefix is. One 64-bit word, so a reader never sees a flag without its value.

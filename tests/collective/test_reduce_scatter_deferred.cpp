@@ -1,10 +1,11 @@
-// The host logic of the reduce-scatter whose verdicts the device keeps (v2 q4 on CUDA), over a
-// backend with the CUDA backend's status semantics and the CPU codecs: the same bytes, residuals
-// and rounds as the host path, and a rejected payload raised by name at a later call or flush().
+// The host logic of the reduce-scatter whose verdicts the device keeps (v2 on CUDA, q4 and top-k),
+// over a backend with the CUDA backend's status semantics and the CPU codecs: the same bytes,
+// residuals and rounds as the host path, and a rejected payload raised by name later.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -16,15 +17,23 @@
 #include "test_util.h"
 
 namespace gradcomp {
+
+// ctest's names of the codec cases (gtest_discover_tests takes the printed parameter); here, where
+// argument-dependent lookup finds it for gradcomp::Codec.
+static void PrintTo(Codec c, std::ostream* os) {
+  *os << (c == Codec::kQ4 ? "Q4" : "TopK");
+}
+
 namespace {
 
 using testing::HostTensor;
 using testing::run_ranks;
 
-// The CUDA backend's status semantics over the CPU codecs: a rejected payload sets a sticky
-// status instead of raising, decodes then write nothing and end_bucket() keeps the committed
-// residuals; reports come late (poll: a copy queued by one call, ready at a later poll when
-// `ready` is set; take_nonfinite_buckets: at once, as after a wait).
+// The CUDA backend's status semantics over the CPU codecs: a rejected payload (by the payload
+// check, or by the v2 top-k decode's own checks) sets a sticky status instead of raising, decodes
+// then write nothing and end_bucket() keeps the committed residuals; reports come late (poll: a
+// copy queued by one call, ready at a later poll when `ready` is set; take_nonfinite_buckets: at
+// once, as after a wait).
 class DeferredStatusBackend final : public ForwardingBackend {
  public:
   DeferredStatusBackend() : ForwardingBackend(make_cpu_backend()) {}
@@ -34,7 +43,12 @@ class DeferredStatusBackend final : public ForwardingBackend {
     if (status_.empty()) inner().q4_decode(p);
   }
   void topk_decode(const TopKDecodeParams& p) override {
-    if (status_.empty()) inner().topk_decode(p);
+    if (!status_.empty()) return;
+    try {
+      inner().topk_decode(p);
+    } catch (const PayloadError& e) {
+      status_ = e.what();
+    }
   }
   void check_payloads(const PayloadCheckParams& p) override {
     if (!status_.empty()) return;
@@ -131,12 +145,17 @@ class CorruptingTransport final : public Communicator {
   int calls_ = 0;
 };
 
-CompressionConfig v2_config() {
+CompressionConfig v2_config(Codec codec) {
   CompressionConfig c;
   c.seed = 21;
   c.kernels = KernelGeneration::kV2;
+  c.codec = codec;
+  c.topk.ratio = 0.05;
   return c;
 }
+
+// Every case runs with each codec whose reduce-scatter the device decides.
+class ReduceScatterDeferred : public ::testing::TestWithParam<Codec> {};
 
 HostTensor input_of(DType dtype, int rank, int round, int64_t numel, int poisoned_round) {
   std::vector<float> v = testing::normal_floats(numel, 100 * rank + round);
@@ -146,7 +165,7 @@ HostTensor input_of(DType dtype, int rank, int round, int64_t numel, int poisone
 
 // Outputs, non-finite counts, residuals and steps equal the host path's, with the verdicts read
 // by later polls (ready) or by the repeat of the bucket (never ready); nothing waits otherwise.
-TEST(ReduceScatterDeferred, EqualsTheHostPathOverRoundsWithAPoisonedOne) {
+TEST_P(ReduceScatterDeferred, EqualsTheHostPathOverRoundsWithAPoisonedOne) {
   const int world = 3, rounds = 4, poisoned = 3;  // round 1's bucket 6
   const int64_t shard = 333;
   for (bool ready : {true, false}) {
@@ -163,7 +182,8 @@ TEST(ReduceScatterDeferred, EqualsTheHostPathOverRoundsWithAPoisonedOne) {
         device.ready = ready;
         auto cpu = make_cpu_backend();
         CompressedReduceScatter rs(deferred ? static_cast<Communicator&>(device_comm) : host,
-                                   deferred ? static_cast<Backend&>(device) : *cpu, v2_config());
+                                   deferred ? static_cast<Backend&>(device) : *cpu,
+                                   v2_config(GetParam()));
         for (int round = 0; round < rounds; ++round) {
           for (uint64_t bucket : {5, 6}) {
             HostTensor x = input_of(DType::kBFloat16, rank, 2 * round + int(bucket - 5),
@@ -200,7 +220,7 @@ TEST(ReduceScatterDeferred, EqualsTheHostPathOverRoundsWithAPoisonedOne) {
 // the deferred call returns without writing, and the error names bucket and sender at flush() or
 // at the bucket's next call (which queues nothing). Both then redo the round: the same steps,
 // bytes and residuals.
-TEST(ReduceScatterDeferred, ACorruptPayloadIsRaisedByNameLaterWithTheHostPathsState) {
+TEST_P(ReduceScatterDeferred, ACorruptPayloadIsRaisedByNameLaterWithTheHostPathsState) {
   const int world = 2;
   const int64_t shard = 300;
   const DType dtype = DType::kFloat32;
@@ -218,7 +238,8 @@ TEST(ReduceScatterDeferred, ACorruptPayloadIsRaisedByNameLaterWithTheHostPathsSt
         device.ready = false;
         auto cpu = make_cpu_backend();
         CompressedReduceScatter rs(deferred ? static_cast<Communicator&>(device_comm) : host_comm,
-                                   deferred ? static_cast<Backend&>(device) : *cpu, v2_config());
+                                   deferred ? static_cast<Backend&>(device) : *cpu,
+                                   v2_config(GetParam()));
         for (int round = 0; round < 3; ++round) {
           HostTensor x = input_of(dtype, rank, round, shard * world, -1);
           HostTensor y = HostTensor::from_floats(dtype, std::vector<float>(shard, 42.0f));
@@ -268,7 +289,7 @@ TEST(ReduceScatterDeferred, ACorruptPayloadIsRaisedByNameLaterWithTheHostPathsSt
 // A rejection the host has not read yet holds later buckets too (the device's status is sticky):
 // their outputs are not written and their residuals keep, and the error names the first rejected
 // bucket with the round counter put back to before it.
-TEST(ReduceScatterDeferred, CallsAfterAnUnreadRejectionAdvanceNothing) {
+TEST_P(ReduceScatterDeferred, CallsAfterAnUnreadRejectionAdvanceNothing) {
   const int world = 2;
   const int64_t shard = 300;
   const DType dtype = DType::kFloat32;
@@ -278,7 +299,7 @@ TEST(ReduceScatterDeferred, CallsAfterAnUnreadRejectionAdvanceNothing) {
     if (rank == 0) comm.corrupt_call = 1;
     DeferredStatusBackend device;
     device.ready = false;
-    CompressedReduceScatter rs(comm, device, v2_config());
+    CompressedReduceScatter rs(comm, device, v2_config(GetParam()));
     HostTensor x = input_of(dtype, rank, 0, shard * world, -1);
     HostTensor y(dtype, shard);
     rs.reduce_scatter({x.bytes.data(), y.bytes.data(), shard, dtype, 5, 2.0f});
@@ -313,7 +334,7 @@ TEST(ReduceScatterDeferred, CallsAfterAnUnreadRejectionAdvanceNothing) {
 // The non-finite counter: the host path counts a bucket at its call, the deferred one when a
 // later call reads its verdict, and the run's last call only at flush() (what the front ends'
 // stats read). Never ahead of the host path; equal to it after flush().
-TEST(ReduceScatterDeferred, NonfiniteBucketsAreCountedWhenTheirVerdictArrives) {
+TEST_P(ReduceScatterDeferred, NonfiniteBucketsAreCountedWhenTheirVerdictArrives) {
   const int world = 2, calls = 6;
   const int64_t shard = 200;
   const DType dtype = DType::kFloat32;
@@ -329,7 +350,8 @@ TEST(ReduceScatterDeferred, NonfiniteBucketsAreCountedWhenTheirVerdictArrives) {
         device.ready = ready;
         auto cpu = make_cpu_backend();
         CompressedReduceScatter rs(deferred ? static_cast<Communicator&>(device_comm) : host,
-                                   deferred ? static_cast<Backend&>(device) : *cpu, v2_config());
+                                   deferred ? static_cast<Backend&>(device) : *cpu,
+                                   v2_config(GetParam()));
         for (int call = 0; call < calls; ++call) {
           std::vector<float> v = testing::normal_floats(shard * world, 10 * rank + call);
           if (rank == 1 && poisoned(call)) v[7] = INFINITY;
@@ -359,6 +381,11 @@ TEST(ReduceScatterDeferred, NonfiniteBucketsAreCountedWhenTheirVerdictArrives) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Codecs, ReduceScatterDeferred, ::testing::Values(Codec::kQ4, Codec::kTopK),
+                         [](const ::testing::TestParamInfo<Codec>& info) {
+                           return info.param == Codec::kQ4 ? "Q4" : "TopK";
+                         });
 
 }  // namespace
 }  // namespace gradcomp

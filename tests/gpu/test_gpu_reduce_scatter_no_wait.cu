@@ -1,11 +1,12 @@
-// The v2 CUDA reduce-scatter that never waits for the device inside a call (issue 35): bytes
-// equal to the CPU reduce-scatter's over rounds with error feedback and a poisoned round, and a
-// corrupt payload found by a later call or flush(), named, with the CPU's state afterwards.
+// The v2 CUDA reduce-scatter that never waits for the device inside a call (issue 35), q4 and
+// top-k: bytes equal to the CPU reduce-scatter's over rounds with error feedback and a poisoned
+// round, and a corrupt payload found by a later call or flush(), named, with the CPU's state.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,13 @@
 #include "run_ranks.h"
 
 namespace gradcomp {
+
+// ctest's names of the codec cases (gtest_discover_tests takes the printed parameter); here, where
+// argument-dependent lookup finds it for gradcomp::Codec.
+static void PrintTo(Codec c, std::ostream* os) {
+  *os << (c == Codec::kQ4 ? "Q4" : "TopK");
+}
+
 namespace {
 
 using testing::HostTensor;
@@ -99,12 +107,17 @@ struct Rank {
   bool gpu;
 };
 
-CompressionConfig v2_config() {
+CompressionConfig v2_config(Codec codec) {
   CompressionConfig config;
   config.seed = 11;
   config.kernels = KernelGeneration::kV2;
+  config.codec = codec;
+  config.topk.ratio = 0.05;
   return config;
 }
+
+// Every case runs with each codec whose reduce-scatter the device decides.
+class GpuReduceScatterNoWait : public ::testing::TestWithParam<Codec> {};
 
 // Rank `rank`'s input of round `round`: normal values, with an infinity or a NaN on rank 1 in the
 // poisoned round (late in its input, so that only the flag carries it to the other rows).
@@ -115,7 +128,7 @@ HostTensor input_of(DType dtype, int rank, int round, int64_t numel, int poisone
 }
 
 // Every rank's output and residual, per round, from the CPU and from the v2 CUDA reduce-scatter.
-TEST(GpuReduceScatterNoWait, V2EqualsTheCpuOverRoundsWithErrorFeedbackAndPoison) {
+TEST_P(GpuReduceScatterNoWait, V2EqualsTheCpuOverRoundsWithErrorFeedbackAndPoison) {
   SKIP_WITHOUT_GPU();
   const int world = 3, rounds = 4, poisoned_round = 2;
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
@@ -126,7 +139,7 @@ TEST(GpuReduceScatterNoWait, V2EqualsTheCpuOverRoundsWithErrorFeedbackAndPoison)
       for (int gpu = 0; gpu < 2; ++gpu) {
         InProcessGroup group(world);
         testing::run_ranks(group, [&](int rank, Communicator& host) {
-          Rank me(host, gpu != 0, v2_config());
+          Rank me(host, gpu != 0, v2_config(GetParam()));
           for (int round = 0; round < rounds; ++round) {
             HostTensor x = input_of(dtype, rank, round, shard * world, poisoned_round);
             HostTensor y(dtype, shard);
@@ -159,7 +172,7 @@ TEST(GpuReduceScatterNoWait, V2EqualsTheCpuOverRoundsWithErrorFeedbackAndPoison)
 // CUDA call returns, writes no output, keeps the residual, and the error (bucket and sender)
 // comes from flush() or from the next call of the bucket, which queues nothing. Afterwards both
 // redo the round: the same step, output bytes and residuals as the CPU.
-TEST(GpuReduceScatterNoWait, ACorruptPayloadIsRaisedByNameLaterWithTheCpusState) {
+TEST_P(GpuReduceScatterNoWait, ACorruptPayloadIsRaisedByNameLaterWithTheCpusState) {
   SKIP_WITHOUT_GPU();
   const int world = 2;
   const int64_t shard = 700;
@@ -171,7 +184,7 @@ TEST(GpuReduceScatterNoWait, ACorruptPayloadIsRaisedByNameLaterWithTheCpusState)
     for (int gpu = 0; gpu < 2; ++gpu) {
       InProcessGroup group(world);
       testing::run_ranks(group, [&](int rank, Communicator& host) {
-        Rank me(host, gpu != 0, v2_config());
+        Rank me(host, gpu != 0, v2_config(GetParam()));
         if (rank == 0) me.comm.corrupt_call = 1;
         for (int round = 0; round < 3; ++round) {
           HostTensor x = input_of(dtype, rank, round, shard * world, -1);
@@ -217,6 +230,12 @@ TEST(GpuReduceScatterNoWait, ACorruptPayloadIsRaisedByNameLaterWithTheCpusState)
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Codecs, GpuReduceScatterNoWait,
+                         ::testing::Values(Codec::kQ4, Codec::kTopK),
+                         [](const ::testing::TestParamInfo<Codec>& info) {
+                           return info.param == Codec::kQ4 ? "Q4" : "TopK";
+                         });
 
 }  // namespace
 }  // namespace gradcomp

@@ -87,7 +87,7 @@ class CompressedReduceScatter {
   // the residual untouched. On a CUDA backend it waits for the device three times (clearing the
   // status words, the input's non-finite check, the result's verdict).
   //
-  // With the v2 kernels and q4 on CUDA it does not wait after a bucket's first call (which
+  // With the v2 kernels on CUDA (q4 and top-k) it does not wait after a bucket's first call (which
   // allocates and checks the layout): the input's non-finite check is a device flag the encodes
   // read, and the verdict is the device's (a rejected payload or a non-finite result keeps the
   // residual, a rejected one writes no output). It then returns true; the
@@ -98,10 +98,10 @@ class CompressedReduceScatter {
   // if it had raised itself: redoing the bucket stays in its step.
   bool reduce_scatter(const ReduceScatterRequest& request);
   // Waits for the device's verdicts on every call so far and raises a rejected payload's error
-  // (nothing to do but on v2 q4 on CUDA). load_state() calls it first.
+  // (nothing to do but under v2 on CUDA). load_state() calls it first.
   void flush();
   // Non-finite results since construction, each counted when its verdict is read: by the call
-  // itself where it returns false, under v2 q4 on CUDA by the later call or flush() that reads it.
+  // itself where it returns false, under v2 on CUDA by the later call or flush() that reads it.
   // Front ends read it after each call and after flush(): the difference is what arrived.
   uint64_t nonfinite_buckets() const { return nonfinite_buckets_; }
 
@@ -125,7 +125,7 @@ class CompressedReduceScatter {
   std::string rejection_naming_rank(const Bucket& b, const std::string& device_message);
   // The host's check of a bucket's received payloads: the error naming the sender, or "".
   std::string host_rejection(const Bucket& b);
-  // v2 q4 on CUDA: reads the verdicts of unread calls, waiting for them or only when they are
+  // v2 on CUDA: reads the verdicts of unread calls, waiting for them or only when they are
   // ready; a rejection raises (rejection_of_unread) after putting the round counter back.
   void read_verdicts(bool wait);
   std::string rejection_of_unread(const std::string& device_message);
@@ -142,7 +142,7 @@ class CompressedReduceScatter {
   StepRounds rounds_;
   std::map<uint64_t, std::unique_ptr<Bucket>> buckets_;
   CompressionState pending_;  // loaded residuals of buckets not yet seen
-  // v2 q4 on CUDA: the poison and the verdict are decided on the device; the host never waits
+  // v2 on CUDA: the poison and the verdict are decided on the device; the host never waits
   // inside a call (but to read a repeated bucket's earlier verdict).
   bool device_decides_ = false;
   std::vector<UnreadCall> unread_;  // in call order

@@ -106,7 +106,12 @@ void FsdpCollective::count_failure(const Error& e) {
     total_.add(d);
     step_.add(d);
   }
-  TORCH_CHECK(false, e.what());
+  // The front end's name goes after the core's own "gradcomp: ", not before it.
+  const std::string what = e.what();
+  const std::string core = "gradcomp: ";
+  if (failure_prefix_.empty() || what.rfind(core, 0) != 0)
+    TORCH_CHECK(false, failure_prefix_, what);
+  TORCH_CHECK(false, core, failure_prefix_, what.substr(core.size()));
 }
 
 void FsdpCollective::flush() {
@@ -257,8 +262,12 @@ bool FsdpReplicaAllreduce::allreduce(const at::Tensor& tensor, uint64_t bucket_i
 // ---- the int8 parameter all-gather ---------------------------------------------------------
 
 FsdpAllGather::FsdpAllGather(c10::intrusive_ptr<c10d::ProcessGroup> group, Int8Options options,
-                             std::chrono::milliseconds timeout)
-    : FsdpCollective(std::move(group), CompressionConfig{}, timeout), options_(options) {
+                             std::chrono::milliseconds timeout,
+                             const std::optional<std::string>& front_end)
+    : FsdpCollective(std::move(group), CompressionConfig{}, timeout),
+      options_(options),
+      label_(front_end.value_or("FSDP all-gather")) {
+  if (front_end) failure_prefix_ = *front_end + ": ";
   call_core([&] { options_.validate(); });
 }
 
@@ -279,27 +288,26 @@ void FsdpAllGather::all_gather(const at::Tensor& output, const at::Tensor& input
                                const std::string& name, bool backward) {
   const int world = world_size();
   for (const at::Tensor* t : {&input, &output}) {
-    const char* what = t == &input ? "FSDP all-gather input" : "FSDP all-gather output";
+    const std::string what = label_ + (t == &input ? " input" : " output");
     GRADCOMP_TORCH_CHECK(t->defined() && t->is_contiguous(), what, " of ", name,
                          " must be a defined contiguous tensor");
     GRADCOMP_TORCH_CHECK(t->scalar_type() == at::kByte || t->scalar_type() == at::kFloat ||
                              t->scalar_type() == at::kBFloat16 || t->scalar_type() == at::kHalf,
                          what, " of ", name, " is ", t->scalar_type(),
-                         ": the int8 all-gather takes float32, bfloat16 or float16 parameters "
+                         ": the weight all-gather takes float32, bfloat16 or float16 parameters "
                          "(as themselves, or as FSDP's uint8 bytes of several of them)");
   }
-  GRADCOMP_TORCH_CHECK(input.scalar_type() == output.scalar_type(), "FSDP all-gather input of ",
-                       name, " is ", input.scalar_type(), " but its output is ",
-                       output.scalar_type());
-  GRADCOMP_TORCH_CHECK(input.device() == output.device(), "FSDP all-gather input of ", name, " on ",
+  GRADCOMP_TORCH_CHECK(input.scalar_type() == output.scalar_type(), label_, " input of ", name,
+                       " is ", input.scalar_type(), " but its output is ", output.scalar_type());
+  GRADCOMP_TORCH_CHECK(input.device() == output.device(), label_, " input of ", name, " on ",
                        input.device(), " but its output on ", output.device());
-  GRADCOMP_TORCH_CHECK(output.numel() == input.numel() * world, "FSDP all-gather output of ", name,
+  GRADCOMP_TORCH_CHECK(output.numel() == input.numel() * world, label_, " output of ", name,
                        " has ", output.numel(), " elements, not ", world, " (world size) x ",
                        input.numel(), " (input)");
-  GRADCOMP_TORCH_CHECK(!runs.empty(), "FSDP all-gather of ", name, " without a row layout");
+  GRADCOMP_TORCH_CHECK(!runs.empty(), label_, " of ", name, " without a row layout");
   const uint64_t row_bytes = all_gather_row_bytes(runs.data(), static_cast<int>(runs.size()));
-  GRADCOMP_TORCH_CHECK(row_bytes == static_cast<uint64_t>(input.nbytes()), "FSDP all-gather of ",
-                       name, ": its row layout covers ", row_bytes, " bytes but the input has ",
+  GRADCOMP_TORCH_CHECK(row_bytes == static_cast<uint64_t>(input.nbytes()), label_, " of ", name,
+                       ": its row layout covers ", row_bytes, " bytes but the input has ",
                        input.nbytes());
   AllGatherRequest r;
   r.input = input.data_ptr();

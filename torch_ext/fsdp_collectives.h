@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "gradcomp/gradcomp.h"
@@ -57,10 +58,13 @@ class FsdpCollective {
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   CompressionConfig config_;
+  // The front end named in the core's errors, after their "gradcomp: ": empty for FSDP's.
+  std::string failure_prefix_;
 
  private:
   void bind(const at::Tensor& t);
-  // Counts a failed call (or flush) and raises its error as a c10::Error.
+  // Counts a failed call (or flush) and raises its error as a c10::Error, naming the front end
+  // (failure_prefix_).
   [[noreturn]] void count_failure(const Error& e);
 
   std::chrono::milliseconds timeout_;
@@ -119,8 +123,11 @@ class FsdpReplicaAllreduce final : public FsdpCollective {
 // kept quantized.
 class FsdpAllGather final : public FsdpCollective {
  public:
+  // `front_end`: the name a C++ front end over this collective (gradcomp::Int8AllGather) gives
+  // it, which then opens every error of its calls; FSDP's errors say "FSDP all-gather".
   FsdpAllGather(c10::intrusive_ptr<c10d::ProcessGroup> group, Int8Options options,
-                std::chrono::milliseconds timeout);
+                std::chrono::milliseconds timeout,
+                const std::optional<std::string>& front_end = std::nullopt);
   // `backward`: the all-gather before a module's backward (its stats count with the forward's in
   // one step); `name` goes into errors.
   void all_gather(const at::Tensor& output, const at::Tensor& input,
@@ -133,6 +140,7 @@ class FsdpAllGather final : public FsdpCollective {
   void load_collective_state(const CompressionState&) override {}
   uint64_t residual_memory() const override { return 0; }
   Int8Options options_;
+  std::string label_;  // opens the errors of this collective's own checks
   std::unique_ptr<CompressedAllGather> collective_;
   StepRounds rounds_;
 };

@@ -1,5 +1,8 @@
 // gradcomp::Int8AllGather: FSDP's int8 all-gather (FsdpAllGather) for C++ programs that shard
 // their own parameters, on the CPU or on CUDA.
+#include <mutex>
+#include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "fsdp_collectives.h"
@@ -9,12 +12,22 @@
 namespace gradcomp {
 
 // The FSDP front end's collective, one run of the input's dtype per row: the same binding to the
-// device and stream, the same checks and counters.
+// device and stream, the same checks and counters; its errors name this class.
 struct Int8AllGather::Impl {
   Impl(c10::intrusive_ptr<c10d::ProcessGroup> group, const Int8Options& options,
        std::chrono::milliseconds timeout)
-      : gather(std::move(group), options, timeout) {}
+      : gather(std::move(group), options, timeout, "Int8AllGather") {}
+
+  // A bucket per name, numbered in the order of first use: the core agrees on a bucket's layout
+  // across ranks at its first call, so each name's shards are checked once, in their own size.
+  uint64_t bucket_of(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu);
+    return buckets.emplace(name, buckets.size()).first->second;
+  }
+
   torch_ext::FsdpAllGather gather;
+  std::mutex mu;
+  std::unordered_map<std::string, uint64_t> buckets;
 };
 
 Int8AllGather::Int8AllGather(c10::intrusive_ptr<c10d::ProcessGroup> group, Int8Options options,
@@ -27,11 +40,12 @@ Int8AllGather::~Int8AllGather() = default;
 
 void Int8AllGather::all_gather(const at::Tensor& output, const at::Tensor& input,
                                const std::string& name) {
-  torch_ext::check_gradient_tensor(input, "Int8AllGather input");
-  torch_ext::check_gradient_tensor(output, "Int8AllGather output");
-  const AllGatherRun run{torch_ext::to_dtype(input.scalar_type(), "Int8AllGather input"),
-                         input.numel()};
-  impl_->gather.all_gather(output, input, {run}, /*bucket_id=*/0, name, /*backward=*/false);
+  const std::string input_of = "Int8AllGather input of " + name;
+  torch_ext::check_gradient_tensor(input, input_of.c_str());
+  torch_ext::check_gradient_tensor(output, ("Int8AllGather output of " + name).c_str());
+  const AllGatherRun run{torch_ext::to_dtype(input.scalar_type(), input_of.c_str()), input.numel()};
+  impl_->gather.all_gather(output, input, {run}, impl_->bucket_of(name), name,
+                           /*backward=*/false);
 }
 
 uint64_t Int8AllGather::bytes_sent() const {

@@ -233,8 +233,9 @@ class Int4:
     Int8's rules with codes rounded to nearest (ties to even) in [-7, 7], one bf16 scale per ``block_size``
     elements (the block's largest magnitude / 7, rounded up), two codes per byte: about 4 + 16 / block_size bits
     per element (docs/format.md, GCW4). The default block of 32 is the measured best on the convergence LM
-    (+0.51 % over FSDP fp32 on 3 seeds, docs/benchmarks.md). On the CPU only in this version: CUDA parameters
-    are refused by name."""
+    (+0.51 % over FSDP fp32 on 3 seeds, docs/benchmarks.md). On CUDA it runs the v2 kernels only
+    (``GRADCOMP_KERNELS=v2``; under v1 CUDA parameters are refused by name), not yet proven on a GPU
+    (docs/gpu-results.md)."""
 
     block_size: int = 32
 

@@ -108,7 +108,7 @@ class FsdpHook:
 
     def flush(self) -> None:
         """Waits for the verdicts the device has not reported yet and raises a rejected payload's error
-        (naming the module's bucket and the sending rank). With ``GRADCOMP_KERNELS=v2`` on CUDA a q4
+        (naming the module's bucket and the sending rank). With ``GRADCOMP_KERNELS=v2`` on CUDA a q4 (or top-k)
         reduce-scatter returns before the device has checked what it received: a rejection or a non-finite
         result is reported by a later call, so the last ones of a run only by this. Call it before you
         trust the last step's gradients (after the last backward, before ``optimizer.step()``) and before
@@ -236,7 +236,7 @@ def _runs_of(param_group, input_tensor, name: str):
     if input_tensor.dtype != torch.uint8:
         if input_tensor.dtype not in _DTYPE_NAMES:
             raise RuntimeError(f"gradcomp.torch.fsdp(params=...): the all-gather of {name} is in "
-                               f"{input_tensor.dtype}; the int8 all-gather takes float32, bfloat16 or float16")
+                               f"{input_tensor.dtype}; the quantized weight all-gather (Int8, Int4) takes float32, bfloat16 or float16")
         return [(_DTYPE_NAMES[input_tensor.dtype], input_tensor.numel())]
     runs = []
     for fp in param_group.fsdp_params:
@@ -244,7 +244,7 @@ def _runs_of(param_group, input_tensor, name: str):
         dtype = fp.param_dtype or data.dtype
         if dtype not in _DTYPE_NAMES:
             raise RuntimeError(f"gradcomp.torch.fsdp(params=...): a parameter of {name} is all-gathered in {dtype}; "
-                               f"the int8 all-gather takes float32, bfloat16 or float16")
+                               f"the quantized weight all-gather (Int8, Int4) takes float32, bfloat16 or float16")
         if runs and runs[-1][0] == _DTYPE_NAMES[dtype]:
             runs[-1] = (runs[-1][0], runs[-1][1] + data.numel())
         else:
@@ -284,22 +284,20 @@ def _all_gather_class():
 
 
 def _check_plain_parameters(modules, names, int4=False) -> None:
+    codec = "gradcomp.Int4()" if int4 else "gradcomp.Int8()"
     for m in modules:
         for p in m.parameters():
             local = p.to_local() if hasattr(p, "to_local") else p
-            if int4 and local.device.type == "cuda":  # the core refuses it by name too
-                raise ValueError(f"gradcomp.torch.fsdp(params=gradcomp.Int4()): {names[m]} has parameters on "
-                                 f"{local.device}; the 4-bit all-gather has no CUDA kernels yet (gradcomp.Int8 has "
-                                 f"v2 ones): use params=gradcomp.Int8() there")
             # meta: materialized later, checked at the call; CUDA: the v2 kernels only (the core refuses
             # v1 by name too, at the first all-gather)
             if local.device.type == "cuda" and os.environ.get("GRADCOMP_KERNELS", "v1") != "v2":
-                raise ValueError(f"gradcomp.torch.fsdp(params=...): {names[m]} has parameters on {local.device}; "
-                                 f"the int8 all-gather's CUDA kernels are v2 only: set GRADCOMP_KERNELS=v2 (opt-in "
-                                 f"until a GPU has run them byte-equal to the CPU), or leave params unset there")
+                raise ValueError(f"gradcomp.torch.fsdp(params={codec}): {names[m]} has parameters on "
+                                 f"{local.device}; the weight all-gather's CUDA kernels are v2 only: set "
+                                 f"GRADCOMP_KERNELS=v2 (opt-in until a GPU has run them byte-equal to the CPU), "
+                                 f"or leave params unset there")
             if local.device.type not in ("cpu", "meta", "cuda"):
                 raise ValueError(f"gradcomp.torch.fsdp(params=...): {names[m]} has parameters on {local.device}; "
-                                 f"the int8 all-gather runs on the CPU, or on CUDA with GRADCOMP_KERNELS=v2")
+                                 f"the weight all-gather runs on the CPU, or on CUDA with GRADCOMP_KERNELS=v2")
             if hasattr(local, "fsdp_pre_all_gather"):
                 raise ValueError(f"gradcomp.torch.fsdp(params=...): {names[m]} has a parameter of type "
                                  f"{type(local).__name__} with its own fsdp_pre_all_gather (float8 training?); its "
@@ -342,7 +340,7 @@ def fsdp(model: torch.nn.Module, codec=None, *, params=None, replicate_group=Non
     parameters the optimizer updates stay exact). ``reduce_scatter=False`` with it compresses only the
     weights. On CPU, or on CUDA with ``GRADCOMP_KERNELS=v2`` (its kernels are v2 only and opt-in until a GPU
     has run them byte-equal to the CPU). ``params=gradcomp.Int4()``: the same with 4-bit codes (blocks of 32 by
-    default), on the CPU only."""
+    default), on the CPU or on CUDA with ``GRADCOMP_KERNELS=v2`` likewise."""
     FSDPModule, comm_class = _comm_class()
     if params is not None and not isinstance(params, (Int8, Int4)):
         raise ValueError(f"gradcomp.torch.fsdp params takes gradcomp.Int8() or gradcomp.Int4(), got {params!r}")

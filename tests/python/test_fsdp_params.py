@@ -16,9 +16,10 @@ has_hook = hasattr(getattr(fsdp_api, "FSDPModule", None), "set_custom_all_gather
 
 @pytest.mark.skipif(not has_hook, reason=f"torch {torch.__version__} has no FSDPModule.set_custom_all_gather")
 @pytest.mark.parametrize("world, cases", [
-    (2, ["fp32", "bf16", "two_dtypes", "reshard_false", "train", "metrics", "int4_fp32", "int4_bf16", "nan"]),
+    (2, ["fp32", "bf16", "two_dtypes", "reshard_false", "train", "metrics", "int4_fp32", "int4_bf16",
+         "int4_reshard_false", "nan"]),
     (3, ["fp32", "bf16", "cpp_api", "int4_fp32"]),
-    (4, ["fp32", "reshard_int", "hsdp"]),
+    (4, ["fp32", "reshard_int", "hsdp", "int4_reshard_int", "int4_hsdp"]),
 ])
 def test_int8_all_gather_is_the_reference_bit_for_bit(world, cases):
     results = launch("workers_fsdp_params", "int8_all_gather_cases", world, cases)
@@ -33,8 +34,8 @@ def test_int8_all_gather_is_the_reference_bit_for_bit(world, cases):
 
 
 @pytest.mark.skipif(not has_hook, reason=f"torch {torch.__version__} has no FSDPModule.set_custom_all_gather")
-def test_a_dcp_checkpoint_with_int8_weights_round_trips_and_resumes_bit_for_bit(tmp_path):
-    assert all(launch("workers_fsdp_params", "resumes_with_int8_weights_through_distributed_checkpoint", 2,
+def test_a_dcp_checkpoint_with_int8_or_int4_weights_round_trips_and_resumes_bit_for_bit(tmp_path):
+    assert all(launch("workers_fsdp_params", "resumes_with_quantized_weights_through_distributed_checkpoint", 2,
                       str(tmp_path / "dcp")))
 
 
@@ -42,10 +43,11 @@ def test_a_dcp_checkpoint_with_int8_weights_round_trips_and_resumes_bit_for_bit(
                     reason="no CUDA device, or gradcomp built without CUDA")
 @pytest.mark.parametrize("kernels", ["v1", "v2"])
 def test_cpp_api_on_cuda_is_the_reference_bit_for_bit(kernels, monkeypatch):
-    """gradcomp::Int8AllGather's CUDA path (FSDP's, v2 only): two ranks sharing one GPU over Gloo."""
+    """gradcomp::Int8AllGather's CUDA path (FSDP's, v2 only), then the front end's collective with the 4-bit
+    codec on CUDA (v2 only): two ranks sharing one GPU over Gloo, in one launch."""
     monkeypatch.setenv("GRADCOMP_KERNELS", kernels)
-    want = "refused" if kernels == "v1" else "cuda"
-    assert launch("workers_fsdp_params", "int8_all_gather_cases", 2, ["cpp_api_cuda"]) == [[want], [want]]
+    want = ["refused", "int4 refused"] if kernels == "v1" else ["cuda", "int4 cuda"]
+    assert launch("workers_fsdp_params", "int8_all_gather_cases", 2, ["cpp_api_cuda", "int4_cuda"]) == [want, want]
 
 
 def test_a_torch_without_set_custom_all_gather_is_refused_by_name(monkeypatch):
@@ -70,8 +72,8 @@ def test_bad_params_are_refused():
 
 
 def test_cuda_parameters_need_the_v2_kernels(monkeypatch):
-    """On CUDA the int8 all-gather's kernels are v2 only: under v1 the install refuses naming the switch, under
-    GRADCOMP_KERNELS=v2 it accepts (a stand-in parameter on cuda:0, so this runs without a GPU)."""
+    """On CUDA the weight all-gathers' kernels (int8 and 4-bit) are v2 only: under v1 the install refuses naming
+    the switch, under GRADCOMP_KERNELS=v2 it accepts (a stand-in parameter on cuda:0, so this runs without a GPU)."""
     from gradcomp import fsdp as gf
 
     class OnCuda:
@@ -90,6 +92,8 @@ def test_cuda_parameters_need_the_v2_kernels(monkeypatch):
         gf._check_plain_parameters([m], {m: "module 'blocks.0'"})
     monkeypatch.setenv("GRADCOMP_KERNELS", "v2")
     gf._check_plain_parameters([m], {m: "module 'blocks.0'"})
-    with pytest.raises(ValueError, match=r"Int4\(\)\): module 'blocks.0' has parameters on cuda:0; the 4-bit all-gather "
-                                         r"has no CUDA kernels yet"):
+    gf._check_plain_parameters([m], {m: "module 'blocks.0'"}, int4=True)  # 4-bit: v2 kernels too
+    monkeypatch.setenv("GRADCOMP_KERNELS", "v1")
+    with pytest.raises(ValueError, match=r"Int4\(\)\): module 'blocks.0' has parameters on cuda:0; "
+                                         r".*GRADCOMP_KERNELS=v2"):
         gf._check_plain_parameters([m], {m: "module 'blocks.0'"}, int4=True)

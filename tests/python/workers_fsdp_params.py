@@ -209,6 +209,34 @@ def cpp_api_matches_the_reference(rank, world):
     assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8))
     # The layout agreement (32 bytes), then the payload: header, 3 scales padded, 77 codes padded.
     assert gather.bytes_sent() == (world - 1) * (32 + 32 + 16 + 80)
+    # Another name through the same object is its own bucket: shards of another size and dtype, whose
+    # layout the ranks agree on at its first call (32 bytes more), then the first name's again.
+    other = (torch.randn(40, generator=g) * 3.0).float()
+    out2 = torch.zeros(world * 40)
+    gather.all_gather(out2, other, "other_layer")
+    every2 = torch.empty(world * 40)
+    dist.all_gather_into_tensor(every2, other)
+    assert torch.equal(out2.view(torch.uint8), int8_all_gather(list(every2.view(world, -1)), None, BLOCK).view(torch.uint8))
+    out[:] = 0
+    gather.all_gather(out, mine, "my_layer")
+    assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8))
+    assert gather.bytes_sent() == (world - 1) * ((32 + 32 + 16 + 80) + (32 + 32 + 16 + 48) + (32 + 16 + 80))
+    # Its errors name it and the caller's tensor, not FSDP: its own checks, and the core's.
+    try:
+        gather.all_gather(torch.zeros(world * 40 + 1), other, "other_layer")
+    except RuntimeError as e:
+        assert "Int8AllGather output of other_layer has" in str(e) and "FSDP" not in str(e), str(e)
+    else:
+        raise AssertionError("an output of the wrong size was taken")
+    uneven = torch.ones(5 + rank)
+    try:
+        gather.all_gather(torch.zeros(world * (5 + rank)), uneven, "uneven_layer")
+    except RuntimeError as e:
+        assert str(e).startswith("gradcomp: Int8AllGather: ") and "all-gather of uneven_layer" in str(e), str(e)
+        assert "layouts differ" in str(e), str(e)
+        assert "FSDP" not in str(e), str(e)
+    else:
+        raise AssertionError("shards of different sizes under one name were all-gathered")
     return "cpp"
 
 
@@ -253,6 +281,41 @@ def cpp_api_on_cuda_matches_the_reference(rank, world):
     raise AssertionError("a NaN shard was all-gathered on CUDA")
 
 
+def int4_on_cuda_matches_the_reference(rank, world):
+    """The front end's collective (_C.FsdpAllGather, what gradcomp.torch.fsdp(params=gradcomp.Int4()) calls)
+    with the 4-bit codec on CUDA tensors (ranks sharing one GPU over Gloo): under v1 refused naming
+    GRADCOMP_KERNELS=v2; under v2 rows of two runs (fp32 then bf16 at an odd row offset) equal the reference
+    (int4_roundtrip per run) of every rank's row, the input a row of the output."""
+    import os
+
+    from gradcomp import _C
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    runs = [(torch.float32, 45), (torch.bfloat16, 70)]
+    g = torch.Generator().manual_seed(11 + rank)
+    mine = torch.cat([(torch.randn(45, generator=g) * 0.05).view(torch.uint8),
+                      (torch.randn(70, generator=g) * 0.05).to(torch.bfloat16).view(torch.uint8)])
+    row = mine.numel()
+    every = torch.empty(world * row, dtype=torch.uint8)
+    dist.all_gather_into_tensor(every, mine)
+    expected = int8_all_gather(list(every.view(world, -1)), runs, BLOCK, roundtrip=int4_roundtrip)
+    gather = _C.FsdpAllGather(dist.group.WORLD, {"codec": "int4", "block_size": BLOCK})
+    out = torch.zeros(world * row, dtype=torch.uint8, device=dev)
+    out[rank * row:(rank + 1) * row] = mine.to(dev)
+    names = [("float32", 45), ("bfloat16", 70)]
+    try:
+        gather.all_gather(out, out[rank * row:(rank + 1) * row], names, 0, "my_layer", False)
+    except RuntimeError as e:
+        assert os.environ.get("GRADCOMP_KERNELS") != "v2", str(e)
+        assert "GRADCOMP_KERNELS=v2" in str(e), str(e)
+        return "int4 refused"
+    assert os.environ.get("GRADCOMP_KERNELS") == "v2", "the v1 kernels' CUDA 4-bit all-gather was not refused"
+    torch.cuda.current_stream().synchronize()
+    assert torch.equal(out.cpu(), expected.view(torch.uint8)), "4-bit rows on CUDA differ from the reference"
+    return "int4 cuda"
+
+
 def weight_metrics_move_with_the_wire(rank, world):
     """The all-gathers' Prometheus series (gradcomp_weight_*) are stats()["all_gather"] and move by the
     bytes this rank's sockets sent in a forward that runs all-gathers alone; the gradient series
@@ -295,19 +358,20 @@ def weight_metrics_move_with_the_wire(rank, world):
     return "metrics"
 
 
-def hsdp_int8_all_gathers_are_the_reference(rank, world):
-    """HSDP: fully_shard over a 2 x 2 DeviceMesh (replicas x shards) with int8 weights and the q4
-    reduce-scatter. Every all-gather, forward and backward, runs over the shard group of 2 and is the
-    reference of that group's exact shards; the replicas of a shard decode the same bytes; and the
+def hsdp_all_gathers_are_the_reference(rank, world, int4=False):
+    """HSDP: fully_shard over a 2 x 2 DeviceMesh (replicas x shards) with int8 (or, int4: 4-bit) weights
+    and the q4 reduce-scatter. Every all-gather, forward and backward, runs over the shard group of 2 and is
+    the reference of that group's exact shards; the replicas of a shard decode the same bytes; and the
     reduce-scatter's group size the hook knows is the shard group's, not the mesh's 4 (a checkpoint of it
     loads into a fresh hook)."""
     assert world == 4
     mesh = hsdp_mesh()
     shard_group, replica_group = mesh["shard"].get_group(), mesh["replicate"].get_group()
+    params, roundtrip = (gradcomp.Int4, int4_roundtrip) if int4 else (gradcomp.Int8, int8_roundtrip)
 
     def job():
         model = shard(make_model(), mesh=mesh)
-        hook = gt.fsdp(model, gradcomp.Q4(seed=3), params=gradcomp.Int8(block_size=BLOCK))
+        hook = gt.fsdp(model, gradcomp.Q4(seed=3), params=params(block_size=BLOCK))
         return model, hook
 
     model, hook = job()
@@ -317,7 +381,7 @@ def hsdp_int8_all_gathers_are_the_reference(rank, world):
         opt.zero_grad()
         loss_of(model, *batch(rank, step)).backward()
         for m, rec in recorders.items():
-            calls = check_against_reference(m, rec, 2, None, group=shard_group)
+            calls = check_against_reference(m, rec, 2, None, group=shard_group, roundtrip=roundtrip)
             assert len(calls) == len(rec.calls), [c[0] for c in rec.calls]  # no all-gather over all 4
             assert any(c[1] for c in calls) or m is model, "no backward all-gather"
             for _, _, _, out in calls:  # the other replica of this shard decoded the same bytes
@@ -336,30 +400,34 @@ def hsdp_int8_all_gathers_are_the_reference(rank, world):
     assert state["reduce_scatter"]["residuals"], "no residuals to check the group size against"
     _, fresh = job()
     fresh.load_local_state_dict(state)  # refused when the hook takes the mesh's 4 ranks for the group
-    return "hsdp"
+    return "int4_hsdp" if int4 else "hsdp"
 
 
-def resumes_with_int8_weights_through_distributed_checkpoint(rank, world, path):
-    """torch.distributed.checkpoint with int8 weight all-gathers: the saved model and optimizer are the
-    exact sharded parameters (never the quantized weights), a load restores them bit for bit, and a job
-    resumed from the checkpoint goes on bit for bit as the uninterrupted one."""
+def resumes_with_quantized_weights_through_distributed_checkpoint(rank, world, path):
+    """torch.distributed.checkpoint with int8 and with 4-bit weight all-gathers (one checkpoint each): the
+    saved model and optimizer are the exact sharded parameters (never the quantized weights), a load
+    restores them bit for bit, and a job resumed from the checkpoint goes on bit for bit as the
+    uninterrupted one."""
+    for params in (gradcomp.Int8, gradcomp.Int4):
+        at = f"{path}/{params.__name__}"
 
-    def int8_hook(model):
-        return gt.fsdp(model, gradcomp.Q4(seed=3), params=gradcomp.Int8(block_size=BLOCK))
+        def job(steps, **kwargs):
+            make_hook = lambda model: gt.fsdp(model, gradcomp.Q4(seed=3), params=params(block_size=BLOCK))
+            return dcp_job(rank, at, make_hook, steps, **kwargs)
 
-    def job(steps, **kwargs):
-        return dcp_job(rank, path, int8_hook, steps, **kwargs)
-
-    straight, straight_hook = job(range(4))
-    saved, _ = job(range(2), save=True)
-    loaded, _ = job([], load=True)
-    a, b = full(saved), full(loaded)
-    assert torch.equal(a.view(torch.int32), b.view(torch.int32)), "the checkpoint's round trip changed the weights"
-    resumed, hook = job(range(2, 4), load=True)
-    a, b = full(straight), full(resumed)
-    assert torch.equal(a.view(torch.int32), b.view(torch.int32)), f"resume differs by {(a - b).abs().max()}"
-    assert hook.local_state_dict()["reduce_scatter"]["step"] == 4
-    assert hook.stats()["all_gather"]["total"]["bytes_sent"] > 0, "the int8 all-gather did not run"
+        straight, _ = job(range(4))
+        saved, saved_hook = job(range(2), save=True)
+        assert all(torch.equal(v.to_local(), p.to_local()) for v, p in zip(saved.state_dict().values(),
+                                                                             saved.parameters()))
+        assert "all_gather" not in saved_hook.local_state_dict(), "the hook saved all-gather state"
+        loaded, _ = job([], load=True)
+        a, b = full(saved), full(loaded)
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)), f"{at}: the round trip changed the weights"
+        resumed, hook = job(range(2, 4), load=True)
+        a, b = full(straight), full(resumed)
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)), f"{at}: resume differs by {(a - b).abs().max()}"
+        assert hook.local_state_dict()["reduce_scatter"]["step"] == 4
+        assert hook.stats()["all_gather"]["total"]["bytes_sent"] > 0, f"{at}: the all-gather did not run"
     return True
 
 
@@ -370,7 +438,9 @@ def int8_all_gather_cases(rank, world, cases):
         run = {"nan": nan_is_refused, "two_dtypes": two_dtypes_are_fsdps_refusal,
                "cpp_api": cpp_api_matches_the_reference, "metrics": weight_metrics_move_with_the_wire,
                "cpp_api_cuda": cpp_api_on_cuda_matches_the_reference,
-               "hsdp": hsdp_int8_all_gathers_are_the_reference}.get(case)
+               "int4_cuda": int4_on_cuda_matches_the_reference,
+               "hsdp": hsdp_all_gathers_are_the_reference,
+               "int4_hsdp": lambda rank, world: hsdp_all_gathers_are_the_reference(rank, world, int4=True)}.get(case)
         out.append(run(rank, world) if run else run_case(rank, world, case))
         dist.barrier()
     return out

@@ -240,7 +240,10 @@ class DiLoCo {
 // raises inside the call that was refused, before the output is used); the output is ready in
 // that stream's order. A shard holding NaN or infinity on any rank makes every rank throw, naming
 // `name` and the rank, with no row written. Int8Options::codec = WeightCodec::kInt4 sends 4-bit
-// rows instead (GCW4, docs/format.md), on CPU tensors only (its CUDA kernels do not exist yet).
+// rows instead (GCW4, docs/format.md); on CUDA both codecs need the v2 kernels
+// (GRADCOMP_KERNELS=v2, refused by name otherwise). Each name keeps its own buffers and layout
+// for the object's life (agreed across ranks at its first call, 32 bytes to each rank): use a
+// fixed set of names, first called in the same order on every rank, not a new name per step.
 class Int8AllGather {
  public:
   explicit Int8AllGather(c10::intrusive_ptr<c10d::ProcessGroup> group, Int8Options options = {},
@@ -250,7 +253,9 @@ class Int8AllGather {
   Int8AllGather& operator=(const Int8AllGather&) = delete;
 
   // output: world_size rows of input.numel() elements of input's dtype; input may be output's
-  // row rank().
+  // row rank(). `name` is the tensor's key: every name has its own bucket, whose layout the ranks
+  // agree on at its first call (shards of different sizes go through one object under different
+  // names), and errors name it and "Int8AllGather".
   void all_gather(const at::Tensor& output, const at::Tensor& input,
                   const std::string& name = "parameters");
   // Since construction: bytes this rank sent, and seconds spent in the calls outside the

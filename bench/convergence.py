@@ -73,7 +73,8 @@ METHODS = {
 }
 # DiLoCo: no per-step synchronisation; every H steps the q4 outer gradient and the outer Nesterov SGD.
 # "diloco-h<H>[-lr<outer lr>][-m<outer momentum>][-f<fragments>][-ilr<inner lr>][-q2]", e.g. diloco-h50-lr1.0-m0.5;
-# "-q2": the outer gradients as gradcomp.Q2 (2 bits) instead of Q4.
+# "-q2": the outer gradients as gradcomp.Q2 (2 bits) instead of Q4; "-none": uncompressed fp32 outer gradients
+# (bench/diloco_fp32.py, plain PyTorch; one fragment only), the baseline that splits a gap into codec and DiLoCo.
 
 
 def method_spec(method):
@@ -82,12 +83,12 @@ def method_spec(method):
     options = {"h": 100, "lr": 0.7, "m": 0.9, "f": 1, "ilr": 0.0}
     codec = "q4"
     for token in method.split("-")[1:]:
-        if token in ("q4", "q2"):
+        if token in ("q4", "q2", "none"):
             codec = token
             continue
         key = next((k for k in ("ilr", "lr", "h", "m", "f") if token.startswith(k)), None)
         if key is None:
-            raise SystemExit(f"{method}: unknown DiLoCo setting {token!r} (h, lr, m, f, ilr, q2, q4)")
+            raise SystemExit(f"{method}: unknown DiLoCo setting {token!r} (h, lr, m, f, ilr, q2, q4, none)")
         options[key] = type(options[key])(token[len(key):])
     return {"codec": codec, "diloco": options}, None
 # The learning rates of plain SGD under momentum correction.
@@ -113,6 +114,8 @@ def make_codec(spec, ratio):
     kind = kw.pop("codec")
     if kind == "q2":
         return gradcomp.Q2()
+    if kind == "none":
+        return gradcomp.NoCompression()
     return gradcomp.Q4() if kind == "q4" else gradcomp.TopK(ratio=ratio, **kw)
 
 
@@ -225,6 +228,13 @@ def run_rank(rank, world, store, task, method, seed, steps, ratio, out, warm_sta
     def attach():
         if codec is None:
             return None
+        if diloco and spec["codec"] == "none":
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            from diloco_fp32 import Fp32DiLoCo
+
+            if diloco["f"] != 1:
+                raise SystemExit(f"{method}: the uncompressed DiLoCo baseline has one fragment only")
+            return Fp32DiLoCo(model.parameters(), opt, diloco["h"], diloco["lr"], diloco["m"], diloco["m"] > 0)
         if diloco:
             return gt.diloco(model, opt, codec, inner_steps=diloco["h"], outer_lr=diloco["lr"],
                              outer_momentum=diloco["m"], nesterov=diloco["m"] > 0, fragments=diloco["f"])

@@ -201,10 +201,11 @@ def throughput(args, rank, world):
             torch.cuda.synchronize()
 
     times, codec, inter, weight_codec = [], [], [], []
-    tx0 = 0
+    tx0 = cpu0 = 0
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             tx0 = tx_bytes(args.iface)
+            cpu0 = time.process_time()
         t0 = time.perf_counter()
         step_once()
         times.append(time.perf_counter() - t0)
@@ -216,6 +217,8 @@ def throughput(args, rank, world):
             if "all_gather" in stats:
                 weight_codec.append(stats["all_gather"]["step"]["codec_seconds"])
     tx = tx_bytes(args.iface) - tx0
+    # Every thread of the rank (the inner steps, gradcomp's, the transport's), over the timed steps.
+    cpu_per_step = (time.process_time() - cpu0) / args.steps
     ranks_on_link = max(world, 1) if args.iface == "lo" else args.local_world_size
     timed = times[args.warmup:]
     result = {"params": params,
@@ -226,11 +229,13 @@ def throughput(args, rank, world):
               "link_bytes_per_step": tx / args.steps, "link": args.iface,
               "hook_inter_node_bytes": statistics.median(inter) if inter else None,
               "codec_s": statistics.median(codec) if codec else None,
-              "weight_codec_s": statistics.median(weight_codec) if weight_codec else None}
+              "weight_codec_s": statistics.median(weight_codec) if weight_codec else None,
+              "cpu_s_per_step": cpu_per_step}
     if args.method in DILOCO_METHODS and hook is not None:
         # The exposed communication (steps waiting for a round) against the rounds' own time, whole run.
         st = hook.stats()
-        result["diloco"] = {k: st.get(k) for k in ("rounds", "wait_seconds", "background_seconds")}
+        # seconds: the caller's share (sync points and merges, waits included).
+        result["diloco"] = {k: st.get(k) for k in ("rounds", "seconds", "wait_seconds", "background_seconds")}
     if args.trace:
         # One more step under the profiler: the timeline of forward, backward, every bucket's
         # encode, collectives and decode, and the optimizer (bench/timeline.py reads it).

@@ -1,6 +1,7 @@
 // DiLoCo's outer rounds over the compressed allreduce: fragments, their schedule, the outer step.
 #include "gradcomp/outer_sync.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -96,6 +97,7 @@ void OuterSync::init(std::vector<OuterParam> params) {
   const int64_t n = static_cast<int64_t>(params_.size());
   const int64_t count = options_.fragments;
   fragments_.resize(static_cast<size_t>(count));
+  round_buffers_ = std::make_unique<RoundBuffers>();
   int64_t i = 0, seen = 0;
   for (int64_t f = 0; f < count; ++f) {
     Fragment& fr = fragments_[static_cast<size_t>(f)];
@@ -117,6 +119,7 @@ void OuterSync::init(std::vector<OuterParam> params) {
       offset += p.numel;
     }
     const size_t bytes = static_cast<size_t>(fr.numel) * sizeof(float);
+    round_buffers_->capacity = std::max(round_buffers_->capacity, bytes);
     fr.momentum = detail::BackendBuffer(outer(), bytes);  // zero bits: 0.0f
     fr.anchor = detail::BackendBuffer(outer(), bytes);
     fr.gradient = detail::BackendBuffer(backend_, bytes);
@@ -176,7 +179,7 @@ int OuterSync::step() {
   return synced;
 }
 
-void OuterSync::agree(uint32_t fragment) {
+void OuterSync::agree(uint32_t fragment, uint64_t inner_step) {
   struct Position {
     uint64_t inner_step;
     uint32_t fragment, round, inner_steps, fragments;
@@ -190,7 +193,7 @@ void OuterSync::agree(uint32_t fragment) {
   };
   // Eight 32-bit fields after the step: no padding, so no indeterminate bytes on the wire.
   static_assert(sizeof(Position) == 8 + 8 * 4, "DiLoCo's Position has padding");
-  Position mine{inner_step_,
+  Position mine{inner_step,
                 fragment,
                 fragments_[fragment].round,
                 options_.inner_steps,
@@ -201,12 +204,18 @@ void OuterSync::agree(uint32_t fragment) {
                 0};
   std::memcpy(&mine.mixing_bits, &options_.mixing, sizeof(float));
   std::string error;
-  for (const auto& [comm, name] : agreement_) {
+  auto& buffers = round_buffers_->agreement;
+  buffers.resize(agreement_.size());
+  for (size_t g = 0; g < agreement_.size(); ++g) {
+    const auto& [comm, name] = agreement_[g];
     const int world = comm->world_size();
     if (world == 1) continue;
     std::vector<Position> all(static_cast<size_t>(world));
-    detail::BackendBuffer send(backend_, sizeof(Position));
-    detail::BackendBuffer recv(backend_, sizeof(Position) * all.size());
+    auto& [send, recv] = buffers[g];
+    if (send.get() == nullptr) {
+      send = detail::BackendBuffer(backend_, sizeof(Position));
+      recv = detail::BackendBuffer(backend_, sizeof(Position) * all.size());
+    }
     backend_.copy_from_host(send.get(), &mine, sizeof(Position));
     try {
       comm->all_gather(send.get(), recv.get(), sizeof(Position));
@@ -264,7 +273,7 @@ void OuterSync::sync_fragment(uint32_t index) {
   // on the wire (the agreement and the allreduce).
   uint64_t sent_before = 0;
   for (const Communicator* c : comms_) sent_before += c->bytes_sent();
-  agree(index);
+  agree(index, inner_step_);
   prepare(fragments_[index]);
   bool finite = false;
   try {
@@ -408,9 +417,9 @@ void OuterSync::load_state(const OuterSyncState& s) {
     fr.round = s.rounds[f];
     outer().copy_from_host(fr.anchor.get(), s.anchors[f].data(), fr.anchor.bytes());
     outer().copy_from_host(fr.momentum.get(), s.momenta[f].data(), fr.momentum.bytes());
-    fr.eager = detail::BackendBuffer();
-    fr.next_anchor = detail::BackendBuffer();
-    fr.next_momentum = detail::BackendBuffer();
+    round_buffers_->keep(std::move(fr.eager));
+    round_buffers_->keep(std::move(fr.next_anchor));
+    round_buffers_->keep(std::move(fr.next_momentum));
   }
   for (const OuterPendingRound& p : s.pending) {
     Fragment& f = fragments_[p.fragment];
@@ -423,7 +432,7 @@ void OuterSync::load_state(const OuterSyncState& s) {
     in_flight_->finished = true;  // its bytes were counted by the run that saved it
     in_flight_->finite = p.finite;
     if (!p.eager.empty()) {
-      f.eager = detail::BackendBuffer(outer(), p.eager.size() * sizeof(float));
+      f.eager = round_buffers_->take(outer(), p.eager.size() * sizeof(float));
       outer().copy_from_host(f.eager.get(), p.eager.data(), p.eager.size() * sizeof(float));
     }
   }

@@ -24,15 +24,13 @@ void OuterSync::start_round(uint32_t index) {
   const auto start = std::chrono::steady_clock::now();
   uint64_t sent_before = 0;
   for (const Communicator* c : comms_) sent_before += c->bytes_sent();
-  // On the caller's thread, before the round's thread exists: the two never share a communicator.
-  agree(index);
   Fragment& f = fragments_[index];
   prepare(f);
   if (options_.eager) take_eager_step(f);
-  // The copies the round's thread steps into, made here: the thread allocates nothing.
+  // The copies the round's thread steps into, taken here: the thread allocates nothing.
   const size_t bytes = static_cast<size_t>(f.numel) * sizeof(float);
-  f.next_anchor = detail::BackendBuffer(outer(), bytes);
-  f.next_momentum = detail::BackendBuffer(outer(), bytes);
+  f.next_anchor = round_buffers_->take(outer(), bytes);
+  f.next_momentum = round_buffers_->take(outer(), bytes);
   auto round = std::make_unique<InFlight>();
   round->fragment = index;
   round->round = f.round;
@@ -40,13 +38,19 @@ void OuterSync::start_round(uint32_t index) {
   round->merge_step = inner_step_ + options_.overlap_steps;
   round->sent_before = sent_before;
   InFlight* r = round.get();
-  // Until the join the thread alone touches the allreduce (its residuals) and the fragment's
-  // gradient buffer; the caller's inner steps write only the parameters, which the round never
-  // reads. Nothing escapes the thread: its error waits for the merge.
+  // Until the join the thread alone touches the communicators, the allreduce (its residuals) and
+  // the fragment's gradient buffer; the caller's inner steps write only the parameters, which the
+  // round never reads. The agreement runs there too: on the caller's thread a rank ahead of the
+  // others would wait for them at every sync point, where its inner steps can go on; the round's
+  // allreduce waits for them anyway. Nothing escapes the thread: its error waits for the merge
+  // (a disagreement too: found before the allreduce mixes anything, but after an eager step has
+  // moved this rank's parameters, so it spends the object as any failed round does).
   round->thread = std::thread([this, r] {
     const auto begin = std::chrono::steady_clock::now();
     try {
       if (round_thread_setup_) round_thread_setup_();
+      agree(r->fragment, r->sync_step);
+      r->agreed = true;
       r->finite = reduce(r->fragment);
       // The outer step, here rather than at the merge on the caller's thread: on copies, since
       // state() may still save the anchor it starts from. Nothing else touches this fragment's
@@ -71,7 +75,7 @@ void OuterSync::start_round(uint32_t index) {
 void OuterSync::take_eager_step(Fragment& f) {
   // Before the round's thread exists: the allreduce replaces this rank's g with the mean in place.
   // The shared buffer takes only the global step, at the merge: this one's update is dropped.
-  f.eager = detail::BackendBuffer(outer(), static_cast<size_t>(f.numel) * sizeof(float));
+  f.eager = round_buffers_->take(outer(), static_cast<size_t>(f.numel) * sizeof(float));
   outer_step(f, reinterpret_cast<float*>(f.eager.get()), nullptr, true);
 }
 
@@ -98,8 +102,14 @@ void OuterSync::finish_round() {
     }
     std::ostringstream m;
     m << "DiLoCo: the background round of fragment " << r.fragment << " (round " << r.round
-      << ", synced after inner step " << r.sync_step << ") failed: " << what
-      << ". The outer state is now unknown: load a checkpoint to go on";
+      << ", synced after inner step " << r.sync_step << ") failed: " << what;
+    if (r.agreed) {
+      m << ". The outer state is now unknown: load a checkpoint to go on";
+    } else {
+      m << ". Nothing was allreduced"
+        << (options_.eager ? ", but this rank's parameters took its own eager outer step" : "")
+        << ": make the ranks agree and load a checkpoint on every rank to go on";
+    }
     failed_ = m.str();
     in_flight_.reset();
     GRADCOMP_CHECK(false, failed_);
@@ -118,9 +128,10 @@ void OuterSync::merge_round() {
   finish_round();
   const auto start = std::chrono::steady_clock::now();
   apply(in_flight_->fragment, in_flight_->finite, in_flight_->stepped);
-  fragments_[in_flight_->fragment].eager = detail::BackendBuffer();
-  fragments_[in_flight_->fragment].next_anchor = detail::BackendBuffer();
-  fragments_[in_flight_->fragment].next_momentum = detail::BackendBuffer();
+  Fragment& f = fragments_[in_flight_->fragment];
+  round_buffers_->keep(std::move(f.eager));
+  round_buffers_->keep(std::move(f.next_anchor));
+  round_buffers_->keep(std::move(f.next_momentum));
   in_flight_.reset();
   const double seconds = since(start);
   std::lock_guard<std::mutex> lock(stats_mu_);

@@ -106,9 +106,9 @@ void OuterSync::apply(uint32_t index, bool finite, bool stepped) {
   if (stepped) {
     std::swap(f.anchor, f.next_anchor);
     std::swap(f.momentum, f.next_momentum);
-    // Released: only the fragment in flight holds the extra copies.
-    f.next_anchor = detail::BackendBuffer();
-    f.next_momentum = detail::BackendBuffer();
+    // Only the fragment in flight holds the copies: the old state is the next round's.
+    round_buffers_->keep(std::move(f.next_anchor));
+    round_buffers_->keep(std::move(f.next_momentum));
     if (store_anchor) merge_into_params(f, OuterMerge::kStore);
   } else {
     // In place, the anchor stored into the parameters in the same pass when nothing merges.

@@ -2,6 +2,7 @@
 // equal to a sequential reference of the same rule; resume mid-overlap, failures, stats, refusals.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <ostream>
@@ -10,6 +11,7 @@
 
 #include "gradcomp/cpu.h"
 #include "gradcomp/fault_injection.h"
+#include "gradcomp/forwarding_backend.h"
 #include "gradcomp/inprocess_group.h"
 #include "gradcomp/outer_sync.h"
 #include "outer_sync_reference.h"
@@ -206,6 +208,45 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{2, 2, 6, 2, 0.0f, true}, Case{3, 2, 8, 3, 0.0f, true},
                       Case{3, 4, 6, 1, 0.0f, true}),
     [](const ::testing::TestParamInfo<Case>& info) { return name(info.param); });
+
+// The CPU backend, counting its allocations.
+class CountingBackend final : public ForwardingBackend {
+ public:
+  CountingBackend() : ForwardingBackend(make_cpu_backend()) {}
+  void* allocate(size_t bytes) override {
+    ++allocations;
+    return ForwardingBackend::allocate(bytes);
+  }
+  std::atomic<int> allocations{0};
+};
+
+// A round's buffers (its copies of the outer state, the agreement's) are kept for the next round:
+// past the first rounds, fragments of two sizes sync and merge without a backend allocation (each
+// would page-fault and zero a parameter-sized buffer on the caller's thread; cudaMalloc waits for
+// the device).
+TEST(OuterSync, OverlapRoundsAllocateNothingOnceEveryFragmentHasSynced) {
+  for (const bool eager : {false, true}) {
+    const Case c{2, 2, 6, 2, 0.0f, eager};
+    Params ranks = make_params(c.world, {96, 64, 80, 48});  // fragments of 160 and 128
+    Params mirror = ranks;
+    InProcessGroup group(c.world);
+    run_ranks(group, [&](int r, Communicator& comm) {
+      CountingBackend backend;
+      OuterSync sync(comm, backend, q4_config(), options(c), outer_params(ranks[r]));
+      int after_warmup = 0;
+      for (uint64_t t = 1; t <= 5 * c.h; ++t) {
+        inner_step(ranks[r], r, t);
+        sync.step();
+        if (t == 2 * c.h) after_warmup = backend.allocations.load();
+      }
+      sync.flush();
+      EXPECT_EQ(sync.stats().rounds, 10u);
+      EXPECT_EQ(backend.allocations.load(), after_warmup) << name(c) << ", rank " << r;
+    });
+    reference_run(c, mirror, 5 * c.h);
+    EXPECT_EQ(ranks, mirror) << name(c);
+  }
+}
 
 // Saves every rank's state after step 7 (fragment 0 synced after step 6, merges after step 8),
 // resumes from it, and expects the unbroken run's parameters; returns the saved states.
@@ -436,12 +477,20 @@ TEST(OuterSync, OverlapRanksWithAnotherTauAreNamedAndSyncFragmentWaitsForFlush) 
     OuterSync sync(comm, *backend, q4_config(), o, outer_params(ranks[r]));
     try {
       for (uint64_t t = 1; t <= 4; ++t) sync.step();
+      // The agreement runs on the round's thread: its verdict comes at the merge.
+      sync.flush();
     } catch (const Error& e) {
       errors[r] = e.what();
     }
+    EXPECT_EQ(sync.stats().rounds, 0u);
   });
-  for (const std::string& e : errors)
+  for (const std::string& e : errors) {
     EXPECT_NE(e.find("(and overlap_steps: "), std::string::npos) << e;
+    EXPECT_NE(e.find("background round of fragment 0 (round 0, synced after inner step 4)"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("Nothing was allreduced: make the ranks agree"), std::string::npos) << e;
+  }
   InProcessGroup solo(1);
   auto backend = make_cpu_backend();
   OuterSync sync(solo.communicator(0), *backend, q4_config(), options({1, 1, 4, 2, 0.0f}),

@@ -10,6 +10,8 @@ from launcher import launch
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_diloco_equals_the_reference_bit_for_bit(world):
+    """At W = 2 the worker also holds bench/diloco_fp32.py (the convergence runs' uncompressed baseline) to
+    gradcomp's DiLoCo with a lossless codec, bit for bit."""
     stats = launch("workers_diloco", "trains_like_the_reference", world, "plain")
     assert all(s["rounds"] == 3 for s in stats), stats
 

@@ -3,6 +3,8 @@ against DiLoCo written out in plain PyTorch over the reference q4 allreduce (ref
 from __future__ import annotations
 
 import io
+import pathlib
+import sys
 
 import torch
 import torch.distributed as dist
@@ -220,7 +222,33 @@ def trains_like_the_reference(rank, world, variant, device="cpu"):
     values = {l.split("{")[0]: float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l and not l.startswith("#")}
     assert values["gradcomp_steps_total"] == steps and values["gradcomp_buckets_total"] == stats["rounds"], values
     assert 'front_end="diloco"' in text and ('codec="q2"' if q2 else 'codec="q4"') in text, text
+    if variant == "plain" and world == 2 and device == "cpu":
+        fp32_baseline_equals_lossless_diloco(rank)
     return stats
+
+
+def fp32_baseline_equals_lossless_diloco(rank):
+    """bench/diloco_fp32.py (the convergence runs' "-none" baseline: DiLoCo with fp32 outer gradients, which
+    splits a loss gap into the codec's part and DiLoCo's own) equals gradcomp's DiLoCo with a lossless codec
+    (top-k of every element, fp32 values: nothing dropped, no residual) bit for bit at W = 2, over 3 rounds."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+    from diloco_fp32 import Fp32DiLoCo
+
+    h, lr, mu = 3, 1.0, 0.3
+    base_model, lossless_model = make_model(rank), make_model(rank)
+    base_opt = torch.optim.AdamW(base_model.parameters(), lr=1e-2)
+    lossless_opt = torch.optim.AdamW(lossless_model.parameters(), lr=1e-2)
+    base = Fp32DiLoCo(base_model.parameters(), base_opt, h, lr, mu, True)
+    gt.diloco(lossless_model, lossless_opt, gradcomp.TopK(ratio=1.0, seed=SEED), inner_steps=h, outer_lr=lr,
+              outer_momentum=mu)
+    cpu = torch.device("cpu")
+    for t in range(1, 3 * h + 2):
+        inner_step(base_model, base_opt, rank, t, cpu)
+        inner_step(lossless_model, lossless_opt, rank, t, cpu)
+        got, want = flat(base_model), flat(lossless_model)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), \
+            f"step {t}: the fp32 baseline differs from lossless DiLoCo by {(got - want).abs().max().item()}"
+    assert base.stats()["bytes_sent"] == 3 * 4 * got.numel()  # 3 rounds of a ring allreduce's 2 (W - 1) / W
 
 
 def nan_round_resets_every_rank(rank, world):

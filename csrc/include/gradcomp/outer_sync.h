@@ -185,7 +185,7 @@ class OuterSync {
   // Stores the anchor into the parameters (kStore), or mixes or eager-corrects them with it.
   void merge_into_params(const Fragment& f, OuterMerge mode);
   // Raises unless every rank is about to sync `fragment` at the same inner step and round.
-  void agree(uint32_t fragment);
+  void agree(uint32_t fragment, uint64_t inner_step);
   // The outer gradient of a fragment into its gradient buffer, and the allreduce of it.
   void prepare(Fragment& f);
   bool reduce(uint32_t index);
@@ -203,6 +203,9 @@ class OuterSync {
   void take_eager_step(Fragment& f);
   void finish_round();
   void merge_round();
+  // The buffers a round uses (its copies of the outer state, the agreement's), kept from round
+  // to round.
+  struct RoundBuffers;
 
   Backend& backend_;
   std::unique_ptr<Backend> host_;  // CUDA under v1: the outer step's CPU backend
@@ -220,8 +223,9 @@ class OuterSync {
   uint64_t inner_step_ = 0;
   std::function<void()> round_thread_setup_;
   std::unique_ptr<InFlight> in_flight_;  // the round on the thread or awaiting its merge
-  std::string failed_;                   // a background round's error: set until a state is loaded
-  mutable std::mutex stats_mu_;          // stats_ only
+  std::unique_ptr<RoundBuffers> round_buffers_;
+  std::string failed_;           // a background round's error: set until a state is loaded
+  mutable std::mutex stats_mu_;  // stats_ only
   OuterSyncStats stats_;
 };
 

@@ -1,5 +1,6 @@
-// DiLoCo's outer step v2 kernels: the outer gradient, the SGD step and the merge, per parameter
-// tensor, 8 elements a thread in 16-byte accesses where aligned. Bytes equal cpu_outer.cpp's.
+// DiLoCo's outer step v2 kernels: the outer gradient, the SGD step and the merge, one launch per
+// dtype over a fragment's tensors (a device table), 8 elements a thread in 16-byte accesses
+// where aligned. Bytes equal cpu_outer.cpp's.
 #include <cstdint>
 #include <type_traits>
 
@@ -20,12 +21,10 @@ constexpr int64_t kOuterMaxBlocks = 4096;
 // The step without a store into the parameters (a background round's step on copies).
 constexpr uint8_t kNoStore = 3;
 
-// One tensor's launch (or, without a store, the fragment's), every pointer already offset.
+// The fp32 state's pointers of one launch; a tensor's stretch starts at its table offset.
 struct GradientArgs {
-  const void* param;
   const float* anchor;  // unused when widening
   float* gradient;
-  int64_t n;
 };
 struct StepArgs {
   const float* anchor;
@@ -33,15 +32,11 @@ struct StepArgs {
   const float* momentum;
   float* anchor_out;    // may be anchor
   float* momentum_out;  // may be momentum; unused without kKeep
-  void* param;          // unused with kNoStore
-  int64_t n;
   float lr, mu;
 };
 struct MergeArgs {
-  void* param;
   const float* global;
   const float* eager;  // kEagerCorrect only
-  int64_t n;
   float alpha;
 };
 
@@ -50,63 +45,99 @@ struct MergeArgs {
 constexpr Access kIo = Access::kInPlace;
 static_assert(kOuterVec == kLaneElements, "span_io.cuh's 8-element accesses");
 
+template <uint8_t D>
+__device__ __forceinline__ char* element_address(void* data, int64_t e) {
+  return static_cast<char*>(data) + e * (D == math::kDtypeF32 ? 4 : 2);
+}
+
+// A launch over one dtype's run of the fragment's tensors (outer_v2_map.h): thread g takes units
+// g, g + stride, ... of the run, each a 16-byte group or one element of the tensor holding it.
+// kGrouped false (a state array not 16-byte aligned): every element singly.
+struct RunArgs {
+  const OuterTableEntry* table;  // the run's entries, device memory
+  int count;
+  int64_t units;  // the run's units (kGrouped) or elements
+};
+
 // ---- the outer gradient: gradient = anchor - param (or param, widening the first anchor) ----
 
-template <uint8_t D, bool kWiden, bool kAligned>
-__global__ void __launch_bounds__(kOuterThreads) outer_gradient_v2_kernel(const GradientArgs a) {
-  const OuterThreadMap m =
-      outer_thread_map(blockIdx.x, blockDim.x, threadIdx.x, gridDim.x, a.n, kAligned);
+template <uint8_t D, bool kWiden, bool kGrouped>
+__global__ void __launch_bounds__(kOuterThreads)
+    outer_gradient_v2_kernel(const RunArgs run, const GradientArgs a) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   // Not unrolled: a trip count would cost a 64-bit division.
 #pragma unroll 1
-  for (int64_t g = m.first_group; g < m.groups; g += m.stride) {
-    const int64_t e = g * kOuterVec;
-    float p[kOuterVec];
-    load8_aligned<D, kIo>(static_cast<const char*>(a.param) + e * (D == math::kDtypeF32 ? 4 : 2),
-                          p);
-    if constexpr (!kWiden) {
-      float an[kOuterVec];
-      load8_aligned<math::kDtypeF32, kIo>(a.anchor + e, an);
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < run.units;
+       u += stride) {
+    const OuterUnit w = outer_unit_at(run.table, run.count, u, kGrouped);
+    if (w.group) {
+      float p[kOuterVec];
+      load8_aligned<D, kIo>(element_address<D>(w.data, w.element), p);
+      if constexpr (!kWiden) {
+        float an[kOuterVec];
+        load8_aligned<math::kDtypeF32, kIo>(a.anchor + w.state, an);
 #pragma unroll
-      for (int j = 0; j < kOuterVec; ++j) p[j] = math::outer_gradient(an[j], p[j]);
+        for (int j = 0; j < kOuterVec; ++j) p[j] = math::outer_gradient(an[j], p[j]);
+      }
+      store8_aligned<math::kDtypeF32, kIo>(a.gradient + w.state, p);
+    } else {
+      const float p = load1<D, kIo>(w.data, w.element);
+      a.gradient[w.state] = kWiden ? p : math::outer_gradient(a.anchor[w.state], p);
     }
-    store8_aligned<math::kDtypeF32, kIo>(a.gradient + e, p);
-  }
-#pragma unroll 1
-  for (int64_t e = m.first_tail; e < a.n; e += m.stride) {
-    const float p = load1<D, kIo>(a.param, e);
-    a.gradient[e] = kWiden ? p : math::outer_gradient(a.anchor[e], p);
   }
 }
 
-// ---- the SGD step: new anchor and buffer (math::outer_sgd), the anchor stored unless kNoStore
-// ----
-template <uint8_t D, bool kNesterov, bool kKeep, bool kAligned>
-__global__ void __launch_bounds__(kOuterThreads) outer_step_v2_kernel(const StepArgs a) {
-  const OuterThreadMap m =
-      outer_thread_map(blockIdx.x, blockDim.x, threadIdx.x, gridDim.x, a.n, kAligned);
-  // Not unrolled: a trip count would cost a 64-bit division.
-#pragma unroll 1
-  for (int64_t g = m.first_group; g < m.groups; g += m.stride) {
-    const int64_t e = g * kOuterVec;
-    float an[kOuterVec], gr[kOuterVec], buf[kOuterVec];
-    load8_aligned<math::kDtypeF32, kIo>(a.anchor + e, an);
-    load8_aligned<math::kDtypeF32, kIo>(a.gradient + e, gr);
-    load8_aligned<math::kDtypeF32, kIo>(a.momentum + e, buf);
+// ---- the SGD step: new anchor and buffer (math::outer_sgd), the anchor stored into the tensors
+// of the run, or (kNoStore) into none: then one flat range of the state, no table ----
+template <uint8_t D, bool kNesterov, bool kKeep>
+__device__ __forceinline__ void step_group(const StepArgs& a, int64_t s, void* param) {
+  float an[kOuterVec], gr[kOuterVec], buf[kOuterVec];
+  load8_aligned<math::kDtypeF32, kIo>(a.anchor + s, an);
+  load8_aligned<math::kDtypeF32, kIo>(a.gradient + s, gr);
+  load8_aligned<math::kDtypeF32, kIo>(a.momentum + s, buf);
 #pragma unroll
-    for (int j = 0; j < kOuterVec; ++j)
-      an[j] = math::outer_sgd(an[j], gr[j], &buf[j], a.lr, a.mu, kNesterov);
-    store8_aligned<math::kDtypeF32, kIo>(a.anchor_out + e, an);
-    if constexpr (kKeep) store8_aligned<math::kDtypeF32, kIo>(a.momentum_out + e, buf);
-    if constexpr (D != kNoStore)
-      store8_aligned<D, kIo>(static_cast<char*>(a.param) + e * (D == math::kDtypeF32 ? 4 : 2), an);
-  }
+  for (int j = 0; j < kOuterVec; ++j)
+    an[j] = math::outer_sgd(an[j], gr[j], &buf[j], a.lr, a.mu, kNesterov);
+  store8_aligned<math::kDtypeF32, kIo>(a.anchor_out + s, an);
+  if constexpr (kKeep) store8_aligned<math::kDtypeF32, kIo>(a.momentum_out + s, buf);
+  if constexpr (D != kNoStore) store8_aligned<D, kIo>(param, an);
+}
+
+template <uint8_t D, bool kNesterov, bool kKeep>
+__device__ __forceinline__ void step_one(const StepArgs& a, int64_t s, void* data, int64_t e) {
+  float buf = a.momentum[s];
+  const float an = math::outer_sgd(a.anchor[s], a.gradient[s], &buf, a.lr, a.mu, kNesterov);
+  a.anchor_out[s] = an;
+  if constexpr (kKeep) a.momentum_out[s] = buf;
+  if constexpr (D != kNoStore) store1<D, kIo>(data, e, an);
+}
+
+template <uint8_t D, bool kNesterov, bool kKeep, bool kGrouped>
+__global__ void __launch_bounds__(kOuterThreads)
+    outer_step_v2_kernel(const RunArgs run, const StepArgs a) {
+  if constexpr (D == kNoStore) {
+    // run.units is the fragment's element count here.
+    const OuterThreadMap m =
+        outer_thread_map(blockIdx.x, blockDim.x, threadIdx.x, gridDim.x, run.units, kGrouped);
+    // Not unrolled: a trip count would cost a 64-bit division.
 #pragma unroll 1
-  for (int64_t e = m.first_tail; e < a.n; e += m.stride) {
-    float buf = a.momentum[e];
-    const float an = math::outer_sgd(a.anchor[e], a.gradient[e], &buf, a.lr, a.mu, kNesterov);
-    a.anchor_out[e] = an;
-    if constexpr (kKeep) a.momentum_out[e] = buf;
-    if constexpr (D != kNoStore) store1<D, kIo>(a.param, e, an);
+    for (int64_t g = m.first_group; g < m.groups; g += m.stride)
+      step_group<D, kNesterov, kKeep>(a, g * kOuterVec, nullptr);
+#pragma unroll 1
+    for (int64_t e = m.first_tail; e < run.units; e += m.stride)
+      step_one<D, kNesterov, kKeep>(a, e, nullptr, e);
+  } else {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+#pragma unroll 1
+    for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < run.units;
+         u += stride) {
+      const OuterUnit w = outer_unit_at(run.table, run.count, u, kGrouped);
+      if (w.group) {
+        step_group<D, kNesterov, kKeep>(a, w.state, element_address<D>(w.data, w.element));
+      } else {
+        step_one<D, kNesterov, kKeep>(a, w.state, w.data, w.element);
+      }
+    }
   }
 }
 
@@ -119,30 +150,32 @@ __device__ __forceinline__ float merge_rule(float param, float global, float eag
   return global;
 }
 
-template <uint8_t D, uint8_t kMode, bool kAligned>
-__global__ void __launch_bounds__(kOuterThreads) outer_merge_v2_kernel(const MergeArgs a) {
+template <uint8_t D, uint8_t kMode, bool kGrouped>
+__global__ void __launch_bounds__(kOuterThreads)
+    outer_merge_v2_kernel(const RunArgs run, const MergeArgs a) {
   constexpr bool kReads = kMode != static_cast<uint8_t>(OuterMerge::kStore);
   constexpr bool kEager = kMode == static_cast<uint8_t>(OuterMerge::kEagerCorrect);
-  const OuterThreadMap m =
-      outer_thread_map(blockIdx.x, blockDim.x, threadIdx.x, gridDim.x, a.n, kAligned);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   // Not unrolled: a trip count would cost a 64-bit division.
 #pragma unroll 1
-  for (int64_t g = m.first_group; g < m.groups; g += m.stride) {
-    const int64_t e = g * kOuterVec;
-    void* at = static_cast<char*>(a.param) + e * (D == math::kDtypeF32 ? 4 : 2);
-    float p[kOuterVec] = {}, gl[kOuterVec], ea[kOuterVec] = {};
-    load8_aligned<math::kDtypeF32, kIo>(a.global + e, gl);
-    if constexpr (kReads) load8_aligned<D, kIo>(at, p);
-    if constexpr (kEager) load8_aligned<math::kDtypeF32, kIo>(a.eager + e, ea);
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < run.units;
+       u += stride) {
+    const OuterUnit w = outer_unit_at(run.table, run.count, u, kGrouped);
+    if (w.group) {
+      void* at = element_address<D>(w.data, w.element);
+      float p[kOuterVec] = {}, gl[kOuterVec], ea[kOuterVec] = {};
+      load8_aligned<math::kDtypeF32, kIo>(a.global + w.state, gl);
+      if constexpr (kReads) load8_aligned<D, kIo>(at, p);
+      if constexpr (kEager) load8_aligned<math::kDtypeF32, kIo>(a.eager + w.state, ea);
 #pragma unroll
-    for (int j = 0; j < kOuterVec; ++j) p[j] = merge_rule<kMode>(p[j], gl[j], ea[j], a.alpha);
-    store8_aligned<D, kIo>(at, p);
-  }
-#pragma unroll 1
-  for (int64_t e = m.first_tail; e < a.n; e += m.stride) {
-    const float p = kReads ? load1<D, kIo>(a.param, e) : 0.0f;
-    store1<D, kIo>(a.param, e,
-                   merge_rule<kMode>(p, a.global[e], kEager ? a.eager[e] : 0.0f, a.alpha));
+      for (int j = 0; j < kOuterVec; ++j) p[j] = merge_rule<kMode>(p[j], gl[j], ea[j], a.alpha);
+      store8_aligned<D, kIo>(at, p);
+    } else {
+      const float p = kReads ? load1<D, kIo>(w.data, w.element) : 0.0f;
+      store1<D, kIo>(
+          w.data, w.element,
+          merge_rule<kMode>(p, a.global[w.state], kEager ? a.eager[w.state] : 0.0f, a.alpha));
+    }
   }
 }
 
@@ -168,9 +201,9 @@ void with_dtype(uint8_t d, F&& f) {
   }
 }
 
-int grid_for(int64_t n) {
-  const int64_t work = (n + kOuterVec - 1) / kOuterVec;
-  const int64_t blocks = (work + kOuterThreads - 1) / kOuterThreads;
+// Blocks for `units` units of work, one a thread.
+int grid_for(int64_t units) {
+  const int64_t blocks = (units + kOuterThreads - 1) / kOuterThreads;
   return static_cast<int>(blocks < kOuterMaxBlocks ? (blocks < 1 ? 1 : blocks) : kOuterMaxBlocks);
 }
 
@@ -183,114 +216,105 @@ const char* tensors_problem(const OuterTensor* tensors, int count, int64_t numel
   return nullptr;
 }
 
+// The device table must be the one built from these tensors: the same number of them.
+const char* table_problem(const OuterDeviceTable& table, int num_tensors) {
+  int count = 0;
+  for (const OuterTableRun& r : table.runs) count += r.count;
+  if (table.entries == nullptr || count != num_tensors)
+    return "the device table is not the fragment's (a different number of tensors)";
+  return nullptr;
+}
+
 LaunchStatus rejected(const char* why) {
   LaunchStatus s;
   s.rejected = why;
   return s;
 }
 
-}  // namespace
-
-LaunchStatus run_outer_gradient(const OuterGradientParams& p, cudaStream_t stream) {
-  if (const char* r = params_problem(p)) return rejected(r);
-  if (const char* r = tensors_problem(p.tensors, p.num_tensors, p.numel)) return rejected(r);
-  for (int i = 0; i < p.num_tensors; ++i) {
-    const OuterTensor& t = p.tensors[i];
-    GradientArgs a{t.data, p.anchor == nullptr ? nullptr : p.anchor + t.offset,
-                   p.gradient + t.offset, t.numel};
-    const bool aligned =
-        aligned16(a.param) && aligned16(a.gradient) && (a.anchor == nullptr || aligned16(a.anchor));
-    const int grid = grid_for(t.numel);
-    with_dtype(t.dtype, [&](auto d) {
-      with_bool(p.anchor == nullptr, [&](auto widen) {
-        with_bool(aligned, [&](auto al) {
-          outer_gradient_v2_kernel<decltype(d)::value, decltype(widen)::value, decltype(al)::value>
-              <<<grid, kOuterThreads, 0, stream>>>(a);
-        });
-      });
-    });
+// One launch for each dtype the fragment has: f(dtype tag, its run's args, grid, grouped).
+template <typename F>
+cudaError_t for_each_run(const OuterDeviceTable& table, bool grouped, F&& f) {
+  for (int d = 0; d < kOuterDtypes; ++d) {
+    const OuterTableRun& r = table.runs[d];
+    const int64_t units = grouped ? r.units : r.elements;
+    if (units == 0) continue;
+    const RunArgs run{table.entries + r.first, r.count, units};
+    with_dtype(static_cast<uint8_t>(d),
+               [&](auto dtype) { with_bool(grouped, [&](auto g) { f(dtype, g, run); }); });
     const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return launched(err);
+    if (err != cudaSuccess) return err;
   }
-  return launched(cudaSuccess);
+  return cudaSuccess;
 }
 
-LaunchStatus run_outer_step(const OuterStepParams& p, cudaStream_t stream) {
+}  // namespace
+
+LaunchStatus run_outer_gradient(const OuterGradientParams& p, const OuterDeviceTable& table,
+                                cudaStream_t stream) {
+  if (const char* r = params_problem(p)) return rejected(r);
+  if (const char* r = tensors_problem(p.tensors, p.num_tensors, p.numel)) return rejected(r);
+  if (const char* r = table_problem(table, p.num_tensors)) return rejected(r);
+  const GradientArgs a{p.anchor, p.gradient};
+  const bool grouped = aligned16(p.gradient) && (p.anchor == nullptr || aligned16(p.anchor));
+  return launched(for_each_run(table, grouped, [&](auto d, auto g, const RunArgs& run) {
+    with_bool(p.anchor == nullptr, [&](auto widen) {
+      outer_gradient_v2_kernel<decltype(d)::value, decltype(widen)::value, decltype(g)::value>
+          <<<grid_for(run.units), kOuterThreads, 0, stream>>>(run, a);
+    });
+  }));
+}
+
+LaunchStatus run_outer_step(const OuterStepParams& p, const OuterDeviceTable& table,
+                            cudaStream_t stream) {
   if (const char* r = params_problem(p)) return rejected(r);
   if (p.num_tensors > 0) {
     if (const char* r = tensors_problem(p.tensors, p.num_tensors, p.numel)) return rejected(r);
+    if (const char* r = table_problem(table, p.num_tensors)) return rejected(r);
   }
-  // Without a store one launch covers the fragment; with one, a launch per tensor (its dtype).
-  const int launches = p.num_tensors > 0 ? p.num_tensors : 1;
-  for (int i = 0; i < launches; ++i) {
-    const int64_t offset = p.num_tensors > 0 ? p.tensors[i].offset : 0;
-    StepArgs a{p.anchor + offset,
-               p.gradient + offset,
-               p.momentum + offset,
-               p.anchor_out + offset,
-               p.momentum_out == nullptr ? nullptr : p.momentum_out + offset,
-               p.num_tensors > 0 ? p.tensors[i].data : nullptr,
-               p.num_tensors > 0 ? p.tensors[i].numel : p.numel,
-               p.lr,
-               p.mu};
-    const bool aligned = aligned16(a.anchor) && aligned16(a.gradient) && aligned16(a.momentum) &&
-                         aligned16(a.anchor_out) &&
-                         (a.momentum_out == nullptr || aligned16(a.momentum_out)) &&
-                         (a.param == nullptr || aligned16(a.param));
-    const int grid = grid_for(a.n);
-    auto launch = [&](auto d) {
-      with_bool(p.nesterov, [&](auto nesterov) {
-        with_bool(p.momentum_out != nullptr, [&](auto keep) {
-          with_bool(aligned, [&](auto al) {
-            outer_step_v2_kernel<decltype(d)::value, decltype(nesterov)::value,
-                                 decltype(keep)::value, decltype(al)::value>
-                <<<grid, kOuterThreads, 0, stream>>>(a);
-          });
-        });
-      });
-    };
-    if (p.num_tensors > 0) {
-      with_dtype(p.tensors[i].dtype, launch);
-    } else {
-      launch(U8<kNoStore>{});
-    }
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return launched(err);
-  }
-  return launched(cudaSuccess);
-}
-
-LaunchStatus run_outer_merge(const OuterMergeParams& p, cudaStream_t stream) {
-  if (const char* r = params_problem(p)) return rejected(r);
-  if (const char* r = tensors_problem(p.tensors, p.num_tensors, p.numel)) return rejected(r);
-  const bool eager = p.mode == OuterMerge::kEagerCorrect;
-  for (int i = 0; i < p.num_tensors; ++i) {
-    const OuterTensor& t = p.tensors[i];
-    MergeArgs a{t.data, p.global + t.offset, eager ? p.eager + t.offset : nullptr, t.numel,
-                p.alpha};
-    const bool aligned =
-        aligned16(a.param) && aligned16(a.global) && (a.eager == nullptr || aligned16(a.eager));
-    const int grid = grid_for(t.numel);
-    with_dtype(t.dtype, [&](auto d) {
-      with_bool(aligned, [&](auto al) {
-        constexpr uint8_t kD = decltype(d)::value;
-        constexpr bool kAl = decltype(al)::value;
-        if (p.mode == OuterMerge::kMix) {
-          outer_merge_v2_kernel<kD, static_cast<uint8_t>(OuterMerge::kMix), kAl>
-              <<<grid, kOuterThreads, 0, stream>>>(a);
-        } else if (eager) {
-          outer_merge_v2_kernel<kD, static_cast<uint8_t>(OuterMerge::kEagerCorrect), kAl>
-              <<<grid, kOuterThreads, 0, stream>>>(a);
-        } else {
-          outer_merge_v2_kernel<kD, static_cast<uint8_t>(OuterMerge::kStore), kAl>
-              <<<grid, kOuterThreads, 0, stream>>>(a);
-        }
+  const StepArgs a{p.anchor, p.gradient, p.momentum, p.anchor_out, p.momentum_out, p.lr, p.mu};
+  const bool grouped = aligned16(a.anchor) && aligned16(a.gradient) && aligned16(a.momentum) &&
+                       aligned16(a.anchor_out) &&
+                       (a.momentum_out == nullptr || aligned16(a.momentum_out));
+  auto launch = [&](auto d, auto g, const RunArgs& run) {
+    // The flat range's units are its elements, 8 a thread where grouped.
+    const bool flat_groups = decltype(d)::value == kNoStore && decltype(g)::value;
+    const int grid = grid_for(flat_groups ? (run.units + kOuterVec - 1) / kOuterVec : run.units);
+    with_bool(p.nesterov, [&](auto nesterov) {
+      with_bool(p.momentum_out != nullptr, [&](auto keep) {
+        outer_step_v2_kernel<decltype(d)::value, decltype(nesterov)::value, decltype(keep)::value,
+                             decltype(g)::value><<<grid, kOuterThreads, 0, stream>>>(run, a);
       });
     });
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return launched(err);
-  }
-  return launched(cudaSuccess);
+  };
+  if (p.num_tensors > 0) return launched(for_each_run(table, grouped, launch));
+  // Without a store one launch covers the fragment's state as one range.
+  with_bool(grouped, [&](auto g) { launch(U8<kNoStore>{}, g, RunArgs{nullptr, 0, p.numel}); });
+  return launched(cudaGetLastError());
+}
+
+LaunchStatus run_outer_merge(const OuterMergeParams& p, const OuterDeviceTable& table,
+                             cudaStream_t stream) {
+  if (const char* r = params_problem(p)) return rejected(r);
+  if (const char* r = tensors_problem(p.tensors, p.num_tensors, p.numel)) return rejected(r);
+  if (const char* r = table_problem(table, p.num_tensors)) return rejected(r);
+  const bool eager = p.mode == OuterMerge::kEagerCorrect;
+  const MergeArgs a{p.global, eager ? p.eager : nullptr, p.alpha};
+  const bool grouped = aligned16(p.global) && (!eager || aligned16(p.eager));
+  return launched(for_each_run(table, grouped, [&](auto d, auto g, const RunArgs& run) {
+    constexpr uint8_t kD = decltype(d)::value;
+    constexpr bool kG = decltype(g)::value;
+    const int grid = grid_for(run.units);
+    if (p.mode == OuterMerge::kMix) {
+      outer_merge_v2_kernel<kD, static_cast<uint8_t>(OuterMerge::kMix), kG>
+          <<<grid, kOuterThreads, 0, stream>>>(run, a);
+    } else if (eager) {
+      outer_merge_v2_kernel<kD, static_cast<uint8_t>(OuterMerge::kEagerCorrect), kG>
+          <<<grid, kOuterThreads, 0, stream>>>(run, a);
+    } else {
+      outer_merge_v2_kernel<kD, static_cast<uint8_t>(OuterMerge::kStore), kG>
+          <<<grid, kOuterThreads, 0, stream>>>(run, a);
+    }
+  }));
 }
 
 }  // namespace v2

@@ -21,11 +21,28 @@ namespace {
 
 // Fragments of several shapes: one element, a tensor shorter than a 16-byte group, odd sizes
 // whose fp32 offsets leave 16-byte alignment, every dtype, and (skew) parameters that start one or
-// three elements past an aligned address, so the unaligned kernels run too.
+// three elements past an aligned address, so the unaligned kernels run too; kMixedSkew: tensor i
+// starts i % 4 elements past one, so one table mixes aligned and unaligned tensors.
+constexpr int kMixedSkew = -1;
 struct Shape {
   std::vector<std::pair<uint8_t, int64_t>> tensors;  // dtype, numel
   int skew;
 };
+
+// The fp32 state arrays start one float past 16-byte alignment for odd skews (every element
+// singly); the mixed-skew shape keeps them aligned, so its table mixes groups and singles.
+int state_skew(const Shape& s) {
+  return s.skew == kMixedSkew ? 0 : s.skew % 2;
+}
+
+// As a model's hundreds of parameter tensors: 300 of every dtype interleaved, 1 to ~1200
+// elements, mixed alignment (one launch per dtype covers them all).
+Shape many_tensors() {
+  Shape s{{}, kMixedSkew};
+  for (int i = 0; i < 300; ++i)
+    s.tensors.push_back({static_cast<uint8_t>(i % 3), (i * 37) % 211 + (i % 7 == 0 ? 1000 : 1)});
+  return s;
+}
 
 std::vector<Shape> shapes() {
   return {{{{math::kDtypeF32, 1}}, 0},
@@ -37,7 +54,8 @@ std::vector<Shape> shapes() {
             {math::kDtypeF16, 200},
             {math::kDtypeF32, 4096}},
            0},
-          {{{math::kDtypeF16, 32}, {math::kDtypeF32, 100003}, {math::kDtypeBF16, 24}}, 3}};
+          {{{math::kDtypeF16, 32}, {math::kDtypeF32, 100003}, {math::kDtypeBF16, 24}}, 3},
+          many_tensors()};
 }
 
 // Ordinary values with specials sprinkled in: NaN, infinities, signed zeros, subnormals.
@@ -74,12 +92,13 @@ uint64_t dsize(uint8_t dtype) {
 struct Fragment {
   Fragment(const Shape& s, uint32_t seed) : shape(s) {
     for (const auto& [dtype, n] : s.tensors) {
+      const int k = s.skew == kMixedSkew ? static_cast<int>(host.size() % 4) : s.skew;
       std::vector<float> v = floats(n, seed++);
       std::vector<uint8_t> bytes(static_cast<size_t>(n * dsize(dtype)));
       for (int64_t e = 0; e < n; ++e)
         math::store_from_float(bytes.data(), e, dtype, v[static_cast<size_t>(e)]);
       host.push_back(bytes);
-      const uint64_t skew = s.skew * dsize(dtype);
+      const uint64_t skew = k * dsize(dtype);
       device.push_back(std::make_unique<DeviceBuffer>(bytes.size() + skew));
       GRADCOMP_CUDA_CHECK(cudaMemcpy(device.back()->get() + skew, bytes.data(), bytes.size(),
                                      cudaMemcpyHostToDevice));
@@ -149,7 +168,7 @@ TEST(GpuOuterStep, GradientEqualsTheCpuForEveryDtypeAndSize) {
   for (const Shape& s : shapes()) {
     for (bool widen : {false, true}) {
       Fragment f(s, seed++);
-      Floats anchor(floats(f.numel, seed++), s.skew % 2), g(std::vector<float>(f.numel), 0);
+      Floats anchor(floats(f.numel, seed++), state_skew(s)), g(std::vector<float>(f.numel), 0);
       const std::string what = "shape " + std::to_string(f.numel) + (widen ? " widened" : "");
       OuterGradientParams p;
       p.num_tensors = static_cast<int>(f.host_tensors.size());
@@ -176,7 +195,7 @@ TEST(GpuOuterStep, StepEqualsTheCpuWithAndWithoutNesterovStoreAndBuffer) {
     for (int variant = 0; variant < 8; ++variant) {
       const bool nesterov = variant & 1, store = variant & 2, keep = variant & 4;
       Fragment f(s, seed++);
-      Floats anchor(floats(f.numel, seed++), 0), g(floats(f.numel, seed++), s.skew % 2);
+      Floats anchor(floats(f.numel, seed++), 0), g(floats(f.numel, seed++), state_skew(s));
       Floats buf(floats(f.numel, seed++), 0), out(std::vector<float>(f.numel), 0);
       const std::string what = "shape " + std::to_string(f.numel) + " nesterov " +
                                std::to_string(nesterov) + " store " + std::to_string(store) +
@@ -219,7 +238,7 @@ TEST(GpuOuterStep, MergesEqualTheCpu) {
   for (const Shape& s : shapes()) {
     for (OuterMerge mode : {OuterMerge::kStore, OuterMerge::kMix, OuterMerge::kEagerCorrect}) {
       Fragment f(s, seed++);
-      Floats global(floats(f.numel, seed++), s.skew % 2), eager(floats(f.numel, seed++), 0);
+      Floats global(floats(f.numel, seed++), state_skew(s)), eager(floats(f.numel, seed++), 0);
       const std::string what =
           "shape " + std::to_string(f.numel) + " mode " + std::to_string(int(mode));
       OuterMergeParams p;
@@ -238,6 +257,38 @@ TEST(GpuOuterStep, MergesEqualTheCpu) {
       EXPECT_SAME_BYTES(f.host_bytes(), f.device_bytes(), what);
     }
   }
+}
+
+// The device table is cached per tensor list: the same list again (new values) reuses it, a
+// list of the same shape elsewhere gets its own, more lists than the cache holds evict the
+// oldest, and the first list is then rebuilt; every result equals the CPU's.
+TEST(GpuOuterStep, TablesCachedPerLayoutAndRebuiltWhenItChanges) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend();
+  auto gpu = backend_of(KernelGeneration::kV2);
+  const Shape shape = shapes()[4];
+  std::vector<std::unique_ptr<Fragment>> fragments;
+  for (int i = 0; i < 20; ++i) fragments.push_back(std::make_unique<Fragment>(shape, 900 + i));
+  uint32_t seed = 1000;
+  auto check = [&](Fragment& f, const std::string& what) {
+    Floats anchor(floats(f.numel, seed++), 0), g(std::vector<float>(f.numel), 0);
+    OuterGradientParams p;
+    p.num_tensors = static_cast<int>(f.host_tensors.size());
+    p.numel = f.numel;
+    p.tensors = f.host_tensors.data();
+    p.anchor = anchor.host.data();
+    p.gradient = g.host.data();
+    cpu->outer_gradient(p);
+    p.tensors = f.device_tensors.data();
+    p.anchor = anchor.dev();
+    p.gradient = g.dev();
+    gpu->outer_gradient(p);
+    EXPECT_SAME_BYTES(g.host_bytes(), g.device_bytes(), what);
+  };
+  check(*fragments[0], "first list");
+  check(*fragments[0], "first list again");
+  for (int i = 1; i < 20; ++i) check(*fragments[i], "list " + std::to_string(i));
+  check(*fragments[0], "first list after eviction");
 }
 
 TEST(GpuOuterStep, RefusedUnderV1AndOnBadParamsNamingWhy) {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_int8_loops.h"
+#include "cpu_weight_row_loops.h"
 #include "gradcomp/cpu.h"
 #include "gradcomp/format.h"
 #include "int4_params.h"

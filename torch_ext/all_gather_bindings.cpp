@@ -1,5 +1,5 @@
-// gradcomp._C's bindings of the int8 weight all-gathers: FSDP's (gradcomp/fsdp.py) and the C++
-// API's gradcomp::Int8AllGather (bound for its tests).
+// gradcomp._C's bindings of the weight all-gathers (int8, 4-bit): FSDP's (gradcomp/fsdp.py) and the
+// C++ API's gradcomp::WeightAllGather (bound for its tests).
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,7 +17,7 @@ namespace torch_ext {
 void bind_all_gathers(py::module_& m) {
   py::class_<FsdpAllGather, FsdpCollective, std::shared_ptr<FsdpAllGather>>(m, "FsdpAllGather")
       .def(py::init([](py::object group, const py::dict& options) {
-             gradcomp::Int8Options o;
+             gradcomp::AllGatherOptions o;
              if (options.contains("block_size")) o.block_size = options["block_size"].cast<int>();
              if (options.contains("codec")) {
                const auto codec = options["codec"].cast<std::string>();
@@ -46,24 +46,25 @@ void bind_all_gathers(py::module_& m) {
           },
           py::arg("output"), py::arg("input"), py::arg("runs"), py::arg("bucket"), py::arg("name"),
           py::arg("backward"));
-  // The C++ API's gradcomp::Int8AllGather, bound for its tests.
-  py::class_<gradcomp::Int8AllGather, std::shared_ptr<gradcomp::Int8AllGather>>(m, "Int8AllGather")
+  // The C++ API's gradcomp::WeightAllGather, bound for its tests.
+  py::class_<gradcomp::WeightAllGather, std::shared_ptr<gradcomp::WeightAllGather>>(
+      m, "WeightAllGather")
       .def(py::init([](py::object group, int block_size) {
-             gradcomp::Int8Options o;
+             gradcomp::AllGatherOptions o;
              o.block_size = block_size;
-             return std::make_shared<gradcomp::Int8AllGather>(
+             return std::make_shared<gradcomp::WeightAllGather>(
                  group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>(), o);
            }),
            py::arg("process_group"), py::arg("block_size") = 64)
       .def(
           "all_gather",
-          [](gradcomp::Int8AllGather& ag, const at::Tensor& output, const at::Tensor& input,
+          [](gradcomp::WeightAllGather& ag, const at::Tensor& output, const at::Tensor& input,
              const std::string& name) {
             py::gil_scoped_release release;
             ag.all_gather(output, input, name);
           },
           py::arg("output"), py::arg("input"), py::arg("name") = "parameters")
-      .def("bytes_sent", &gradcomp::Int8AllGather::bytes_sent);
+      .def("bytes_sent", &gradcomp::WeightAllGather::bytes_sent);
 }
 
 }  // namespace torch_ext

@@ -33,7 +33,7 @@ std::map<uint64_t, std::vector<uint8_t>> residual_map(const pybind11::dict& d);
 // fsdp_metrics_text (fsdp_bindings.cpp).
 void bind_fsdp_collectives(pybind11::module_& m);
 
-// Binds FsdpAllGather and Int8AllGather (all_gather_bindings.cpp); FsdpCollective must be bound
+// Binds FsdpAllGather and WeightAllGather (all_gather_bindings.cpp); FsdpCollective must be bound
 // first (their base).
 void bind_all_gathers(pybind11::module_& m);
 

@@ -261,7 +261,7 @@ bool FsdpReplicaAllreduce::allreduce(const at::Tensor& tensor, uint64_t bucket_i
 
 // ---- the int8 parameter all-gather ---------------------------------------------------------
 
-FsdpAllGather::FsdpAllGather(c10::intrusive_ptr<c10d::ProcessGroup> group, Int8Options options,
+FsdpAllGather::FsdpAllGather(c10::intrusive_ptr<c10d::ProcessGroup> group, AllGatherOptions options,
                              std::chrono::milliseconds timeout,
                              const std::optional<std::string>& front_end)
     : FsdpCollective(std::move(group), CompressionConfig{}, timeout),

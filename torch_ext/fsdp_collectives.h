@@ -123,9 +123,9 @@ class FsdpReplicaAllreduce final : public FsdpCollective {
 // kept quantized.
 class FsdpAllGather final : public FsdpCollective {
  public:
-  // `front_end`: the name a C++ front end over this collective (gradcomp::Int8AllGather) gives
+  // `front_end`: the name a C++ front end over this collective (gradcomp::WeightAllGather) gives
   // it, which then opens every error of its calls; FSDP's errors say "FSDP all-gather".
-  FsdpAllGather(c10::intrusive_ptr<c10d::ProcessGroup> group, Int8Options options,
+  FsdpAllGather(c10::intrusive_ptr<c10d::ProcessGroup> group, AllGatherOptions options,
                 std::chrono::milliseconds timeout,
                 const std::optional<std::string>& front_end = std::nullopt);
   // `backward`: the all-gather before a module's backward (its stats count with the forward's in
@@ -139,7 +139,7 @@ class FsdpAllGather final : public FsdpCollective {
   CompressionState collective_state() const override;
   void load_collective_state(const CompressionState&) override {}
   uint64_t residual_memory() const override { return 0; }
-  Int8Options options_;
+  AllGatherOptions options_;
   std::string label_;  // opens the errors of this collective's own checks
   std::unique_ptr<CompressedAllGather> collective_;
   StepRounds rounds_;

@@ -1,10 +1,10 @@
-// The 4-bit row codec on the host over the loops of the active instruction set (cpu_int8_loops.h:
-// the int8 encode and decode loops under the 4-bit rules, then nibble packing), and the CPU
-// backend's 4-bit operations.
+// The 4-bit row codec on the host over the loops of the active instruction set
+// (cpu_weight_row_loops.h: the int8 encode and decode loops under the 4-bit rules, then nibble
+// packing), and the CPU backend's 4-bit operations.
 #include <algorithm>
 #include <cstring>
 
-#include "cpu_int8_loops.h"
+#include "cpu_weight_row_loops.h"
 #include "cpu_weight_rows.h"
 #include "gradcomp/cpu.h"
 #include "int4_params.h"

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "cpu_element_io.h"
-#include "cpu_int8_loops.h"
+#include "cpu_weight_row_loops.h"
 #include "int4_params.h"
 #include "math/int4_math.h"
 

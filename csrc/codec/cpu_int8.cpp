@@ -1,8 +1,8 @@
 // The int8 row codec on the host: encode, the payload verdict and decode over the loops of the
-// active instruction set (cpu_int8_loops.h), and the CPU backend's int8 operations over them.
+// active instruction set (cpu_weight_row_loops.h), and the CPU backend's int8 operations over them.
 #include <cstring>
 
-#include "cpu_int8_loops.h"
+#include "cpu_weight_row_loops.h"
 #include "cpu_weight_rows.h"
 #include "gradcomp/cpu.h"
 #include "math/int8_math.h"

@@ -117,7 +117,7 @@ struct CompressedAllGather::Buffers {
   detail::BackendBuffer status;      // Int8EncodeParams::nonfinite_at, then the verdict words
 };
 
-void Int8Options::validate() const {
+void AllGatherOptions::validate() const {
   GRADCOMP_CHECK(math::int8_block_size_valid(static_cast<uint32_t>(block_size)),
                  codec_name(codec)
                      << " block size must be a power of two in [16, 4096], got " << block_size);
@@ -126,7 +126,7 @@ void Int8Options::validate() const {
 }
 
 CompressedAllGather::CompressedAllGather(Communicator& comm, Backend& backend,
-                                         const Int8Options& options)
+                                         const AllGatherOptions& options)
     : comm_(comm), backend_(backend), options_(options), buffers_(std::make_unique<Buffers>()) {
   options_.validate();
   const char* name = codec_name(options_.codec);

@@ -76,7 +76,7 @@ void gather_and_compare(int world, const std::vector<AllGatherRun>& runs, int bl
   InProcessGroup group(world);
   run_ranks(group, [&](int rank, Communicator& comm) {
     auto backend = make_cpu_backend();
-    Int8Options o;
+    AllGatherOptions o;
     o.block_size = block;
     o.codec = codec;
     CompressedAllGather ag(comm, *backend, o);
@@ -135,7 +135,7 @@ TEST(CompressedAllGather, ANonFiniteShardIsRefusedOnEveryRankNamingTheRank) {
       group,
       [&](int rank, Communicator& comm) {
         auto backend = make_cpu_backend();
-        CompressedAllGather ag(comm, *backend, Int8Options{});
+        CompressedAllGather ag(comm, *backend, AllGatherOptions{});
         std::vector<uint8_t> out(row * world, 0);
         std::vector<uint8_t> mine = shard_of(rank, runs);
         if (rank == 1) {
@@ -172,7 +172,7 @@ TEST(CompressedAllGather, RanksWithOtherLayoutsAreNamedInsteadOfHanging) {
       group,
       [&](int rank, Communicator& comm) {
         auto backend = make_cpu_backend();
-        CompressedAllGather ag(comm, *backend, Int8Options{});
+        CompressedAllGather ag(comm, *backend, AllGatherOptions{});
         const std::vector<AllGatherRun> runs = {{DType::kFloat32, rank == 2 ? 65 : 64}};
         std::vector<uint8_t> out(all_gather_row_bytes(runs.data(), 1) * world, 0);
         AllGatherRequest r;
@@ -204,7 +204,7 @@ TEST(CompressedAllGather, FourBitRowsAreTheReferenceOnEveryRank) {
 TEST(CompressedAllGather, FourBitBytesAreAboutFourBitsPerElementPlusTheScales) {
   InProcessGroup group(1);
   auto backend = make_cpu_backend();
-  Int8Options o;
+  AllGatherOptions o;
   o.block_size = 32;
   o.codec = WeightCodec::kInt4;
   CompressedAllGather ag(group.communicator(0), *backend, o);
@@ -224,7 +224,7 @@ TEST(CompressedAllGather, FourBitRefusesNonFiniteShardsAndRanksOfAnotherCodec) {
         group,
         [&](int rank, Communicator& comm) {
           auto backend = make_cpu_backend();
-          Int8Options o;
+          AllGatherOptions o;
           o.block_size = 32;
           o.codec = mixed_codecs && rank == 2 ? WeightCodec::kInt8 : WeightCodec::kInt4;
           CompressedAllGather ag(comm, *backend, o);
@@ -267,7 +267,7 @@ TEST(CompressedAllGather, FourBitRefusesNonFiniteShardsAndRanksOfAnotherCodec) {
 TEST(CompressedAllGather, BadOptionsAreRefused) {
   InProcessGroup group(1);
   auto backend = make_cpu_backend();
-  Int8Options o;
+  AllGatherOptions o;
   o.block_size = 48;
   EXPECT_THROW(CompressedAllGather(group.communicator(0), *backend, o), Error);
   o.codec = WeightCodec::kInt4;

@@ -43,7 +43,7 @@ def test_a_dcp_checkpoint_with_int8_or_int4_weights_round_trips_and_resumes_bit_
                     reason="no CUDA device, or gradcomp built without CUDA")
 @pytest.mark.parametrize("kernels", ["v1", "v2"])
 def test_cpp_api_on_cuda_is_the_reference_bit_for_bit(kernels, monkeypatch):
-    """gradcomp::Int8AllGather's CUDA path (FSDP's, v2 only), then the front end's collective with the 4-bit
+    """gradcomp::WeightAllGather's CUDA path (FSDP's, v2 only), then the front end's collective with the 4-bit
     codec on CUDA (v2 only): two ranks sharing one GPU over Gloo, in one launch."""
     monkeypatch.setenv("GRADCOMP_KERNELS", kernels)
     want = ["refused", "int4 refused"] if kernels == "v1" else ["cuda", "int4 cuda"]

@@ -195,9 +195,9 @@ def two_dtypes_are_fsdps_refusal(rank, world):
 
 
 def cpp_api_matches_the_reference(rank, world):
-    """The C++ API (gradcomp::Int8AllGather, bound as _C.Int8AllGather) on a program's own shards: an uneven
+    """The C++ API (gradcomp::WeightAllGather, bound as _C.WeightAllGather) on a program's own shards: an uneven
     bf16 shard whose last block is short, the input a row of the output as FSDP passes it."""
-    gather = gradcomp._C.Int8AllGather(dist.group.WORLD, BLOCK)
+    gather = gradcomp._C.WeightAllGather(dist.group.WORLD, BLOCK)
     g = torch.Generator().manual_seed(7 + rank)
     mine = (torch.randn(77, generator=g) * 0.05).to(torch.bfloat16)
     out = torch.zeros(world * 77, dtype=torch.bfloat16)
@@ -225,14 +225,14 @@ def cpp_api_matches_the_reference(rank, world):
     try:
         gather.all_gather(torch.zeros(world * 40 + 1), other, "other_layer")
     except RuntimeError as e:
-        assert "Int8AllGather output of other_layer has" in str(e) and "FSDP" not in str(e), str(e)
+        assert "WeightAllGather output of other_layer has" in str(e) and "FSDP" not in str(e), str(e)
     else:
         raise AssertionError("an output of the wrong size was taken")
     uneven = torch.ones(5 + rank)
     try:
         gather.all_gather(torch.zeros(world * (5 + rank)), uneven, "uneven_layer")
     except RuntimeError as e:
-        assert str(e).startswith("gradcomp: Int8AllGather: ") and "all-gather of uneven_layer" in str(e), str(e)
+        assert str(e).startswith("gradcomp: WeightAllGather: ") and "all-gather of uneven_layer" in str(e), str(e)
         assert "layouts differ" in str(e), str(e)
         assert "FSDP" not in str(e), str(e)
     else:
@@ -241,7 +241,7 @@ def cpp_api_matches_the_reference(rank, world):
 
 
 def cpp_api_on_cuda_matches_the_reference(rank, world):
-    """gradcomp::Int8AllGather on CUDA tensors (the ranks share one GPU over Gloo): under v1 its first call
+    """gradcomp::WeightAllGather on CUDA tensors (the ranks share one GPU over Gloo): under v1 its first call
     is refused naming GRADCOMP_KERNELS=v2; under v2 the rows equal the reference's of every rank's shard
     (the input a row of the output), bytes as on the CPU, and a NaN shard is refused by name on every rank
     with no row written."""
@@ -254,7 +254,7 @@ def cpp_api_on_cuda_matches_the_reference(rank, world):
     every = torch.empty(world * 77, dtype=torch.bfloat16)
     dist.all_gather_into_tensor(every, mine)
     expected = int8_all_gather(list(every.view(world, -1)), None, BLOCK)
-    gather = gradcomp._C.Int8AllGather(dist.group.WORLD, BLOCK)
+    gather = gradcomp._C.WeightAllGather(dist.group.WORLD, BLOCK)
     out = torch.zeros(world * 77, dtype=torch.bfloat16, device=dev)
     out[rank * 77:(rank + 1) * 77] = mine.to(dev)
     if os.environ.get("GRADCOMP_KERNELS") != "v2":

@@ -221,7 +221,7 @@ void fsdp(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
   const std::chrono::milliseconds timeout(0);
   FsdpReduceScatter reduce_scatter(group, q4, timeout);
   FsdpReplicaAllreduce allreduce(group, q4, timeout);
-  FsdpAllGather all_gather(group, gradcomp::Int8Options{}, timeout);
+  FsdpAllGather all_gather(group, gradcomp::AllGatherOptions{}, timeout);
   const std::vector<FsdpCollective*> all{&reduce_scatter, &allreduce, &all_gather};
   Scraper scraper([&] {
     ReductionStats total;

@@ -18,12 +18,14 @@ namespace gradcomp {
 // bf16 scale per block (docs/format.md).
 enum class WeightCodec : uint8_t { kInt8 = 0, kInt4 = 1 };
 
-// The compressed all-gather's options (named for its first codec): the codec and its block size.
-struct Int8Options {
+// The compressed all-gather's options: the codec and its block size.
+struct AllGatherOptions {
   int block_size = 64;  // math::int8_block_size_valid (4-bit: the same rule); one scale per block
   WeightCodec codec = WeightCodec::kInt8;
   void validate() const;
 };
+// The name these options had while int8 was the only weight codec.
+using Int8Options [[deprecated("use gradcomp::AllGatherOptions")]] = AllGatherOptions;
 
 // A stretch of a row holding elements of one dtype. FSDP's all-gather rows are the parameters'
 // shards back to back; with parameters of several dtypes FSDP sends them as bytes, and each
@@ -70,7 +72,7 @@ void int8_decode_row(const uint8_t* payload, const AllGatherRun* runs, int num_r
 // What a payload with this Int8Verdict is, for messages ("fails its body checksum ...").
 const char* int8_verdict_text(int32_t verdict);
 
-// All-gathers shards as int8 (or, with Int8Options::codec kInt4, 4-bit) payloads through the
+// All-gathers shards as int8 (or, with AllGatherOptions::codec kInt4, 4-bit) payloads through the
 // communicator's all_gather. No state across
 // calls besides buffers per bucket; deterministic (round to nearest), so the same shards give the
 // same bytes on every call (FSDP's forward and backward all-gathers agree).
@@ -88,14 +90,14 @@ const char* int8_verdict_text(int32_t verdict);
 // the device but one small read of the verdict words at the end of the call (docs/fsdp2-notes.md).
 class CompressedAllGather {
  public:
-  CompressedAllGather(Communicator& comm, Backend& backend, const Int8Options& options);
+  CompressedAllGather(Communicator& comm, Backend& backend, const AllGatherOptions& options);
   ~CompressedAllGather();
   CompressedAllGather(const CompressedAllGather&) = delete;
   CompressedAllGather& operator=(const CompressedAllGather&) = delete;
 
   void all_gather(const AllGatherRequest& request);
 
-  const Int8Options& options() const { return options_; }
+  const AllGatherOptions& options() const { return options_; }
   // Bytes of one rank's payload for a row of these runs in this all-gather's codec.
   uint64_t payload_bytes(const AllGatherRun* runs, int num_runs) const;
   int world_size() const { return comm_.world_size(); }
@@ -111,7 +113,7 @@ class CompressedAllGather {
 
   Communicator& comm_;
   Backend& backend_;
-  Int8Options options_;
+  AllGatherOptions options_;
   std::unique_ptr<Buffers> buffers_;  // the backend's memory, reused: the largest row so far
   std::vector<Int8Run> runs_;         // the current request's runs as dtype codes
   std::set<uint64_t> checked_;        // buckets whose layout the ranks agreed on

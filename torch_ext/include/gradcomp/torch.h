@@ -1,5 +1,5 @@
 // gradcomp for C++ libtorch training programs: GradSync (compressed, overlapped data
-// parallelism), DiLoCo, the int8 weight all-gather and a process group from torchrun's
+// parallelism), DiLoCo, the weight all-gather and a process group from torchrun's
 // environment. Target gradcomp::torch.
 #pragma once
 
@@ -223,12 +223,12 @@ class DiLoCo {
   std::unique_ptr<Impl> impl_;
 };
 
-// The int8 weight all-gather for programs that shard their own parameters (ZeRO-3 style): each
-// rank's shard travels as block-scaled int8 (gradcomp::CompressedAllGather) and every rank decodes
-// every shard, its own included, so all ranks compute with the same weights while each keeps its
-// exact shard for the optimizer:
+// The weight all-gather for programs that shard their own parameters (ZeRO-3 style): each
+// rank's shard travels as block-scaled int8 (or 4-bit) (gradcomp::CompressedAllGather) and every
+// rank decodes every shard, its own included, so all ranks compute with the same weights while each
+// keeps its exact shard for the optimizer:
 //
-//   gradcomp::Int8AllGather gather(group);
+//   gradcomp::WeightAllGather gather(group);
 //   gather.all_gather(full_weights, my_shard, "layer3");  // full: world * shard.numel() elements
 //
 // float32, bfloat16 or float16 tensors on the CPU, or on CUDA with the v2 kernels
@@ -239,23 +239,24 @@ class DiLoCo {
 // the call returns after one small read of the payloads' verdicts at its end (so that a refusal
 // raises inside the call that was refused, before the output is used); the output is ready in
 // that stream's order. A shard holding NaN or infinity on any rank makes every rank throw, naming
-// `name` and the rank, with no row written. Int8Options::codec = WeightCodec::kInt4 sends 4-bit
-// rows instead (GCW4, docs/format.md); on CUDA both codecs need the v2 kernels
+// `name` and the rank, with no row written. AllGatherOptions::codec = WeightCodec::kInt4 sends
+// 4-bit rows instead (GCW4, docs/format.md); on CUDA both codecs need the v2 kernels
 // (GRADCOMP_KERNELS=v2, refused by name otherwise). Each name keeps its own buffers and layout
 // for the object's life (agreed across ranks at its first call, 32 bytes to each rank): use a
 // fixed set of names, first called in the same order on every rank, not a new name per step.
-class Int8AllGather {
+class WeightAllGather {
  public:
-  explicit Int8AllGather(c10::intrusive_ptr<c10d::ProcessGroup> group, Int8Options options = {},
-                         std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
-  ~Int8AllGather();
-  Int8AllGather(const Int8AllGather&) = delete;
-  Int8AllGather& operator=(const Int8AllGather&) = delete;
+  explicit WeightAllGather(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                           AllGatherOptions options = {},
+                           std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+  ~WeightAllGather();
+  WeightAllGather(const WeightAllGather&) = delete;
+  WeightAllGather& operator=(const WeightAllGather&) = delete;
 
   // output: world_size rows of input.numel() elements of input's dtype; input may be output's
   // row rank(). `name` is the tensor's key: every name has its own bucket, whose layout the ranks
   // agree on at its first call (shards of different sizes go through one object under different
-  // names), and errors name it and "Int8AllGather".
+  // names), and errors name it and "WeightAllGather".
   void all_gather(const at::Tensor& output, const at::Tensor& input,
                   const std::string& name = "parameters");
   // Since construction: bytes this rank sent, and seconds spent in the calls outside the
@@ -268,6 +269,8 @@ class Int8AllGather {
  private:
   std::unique_ptr<Impl> impl_;
 };
+// The name this class had while int8 was the only weight codec.
+using Int8AllGather [[deprecated("use gradcomp::WeightAllGather")]] = WeightAllGather;
 
 torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
                                             const DiLoCo& diloco);

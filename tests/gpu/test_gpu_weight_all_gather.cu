@@ -294,7 +294,7 @@ TEST(GpuInt8AllGather, TheCollectiveRefusesNaNAndCorruptionByNameAndV1ByTheSwitc
     DeviceLoopback comm;
     comm.corrupt_call = c == 2 ? 1 : -1;  // call 0 is the layout exchange
     auto gpu = backend_of(KernelGeneration::kV2);
-    CompressedAllGather ag(comm, *gpu, Int8Options{});
+    CompressedAllGather ag(comm, *gpu, AllGatherOptions{});
     std::vector<uint8_t> in = row;
     if (c == 1) {
       const float nan = NAN;
@@ -335,7 +335,7 @@ TEST(GpuInt8AllGather, TheCollectiveRefusesNaNAndCorruptionByNameAndV1ByTheSwitc
   DeviceLoopback comm;
   auto v1 = backend_of(KernelGeneration::kV1);
   try {
-    CompressedAllGather ag(comm, *v1, Int8Options{});
+    CompressedAllGather ag(comm, *v1, AllGatherOptions{});
     FAIL() << "v1 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("GRADCOMP_KERNELS=v2"), std::string::npos) << e.what();
@@ -427,7 +427,7 @@ TEST(GpuInt4AllGather, TheCollectiveRunsOnV2AndV1IsRefusedByTheSwitch) {
   const Shape s = shapes()[1];
   const AllGatherRun run{DType::kFloat32, s.runs[0].numel};
   const std::vector<uint8_t> row = row_of(s, 19);
-  Int8Options o;
+  AllGatherOptions o;
   o.codec = WeightCodec::kInt4;
   {
     DeviceLoopback comm;

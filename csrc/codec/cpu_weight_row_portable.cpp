@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "cpu_element_io.h"
-#include "cpu_int8_loops.h"
+#include "cpu_weight_row_loops.h"
 #include "gradcomp/format.h"
 
 namespace gradcomp {

@@ -78,7 +78,7 @@ void int4_pack_codes(const int8_t* codes, int64_t n, uint64_t first, uint8_t* pa
 // The inverse: n codes (nibble - 8, so nibble 0 gives -8) from nibble `first` of `packed` on.
 void int4_unpack_codes(const uint8_t* packed, uint64_t first, int64_t n, int8_t* codes, Isa isa);
 
-// The portable loops (cpu_int8_portable.cpp); the vector loops use them for tails.
+// The portable loops (cpu_weight_row_portable.cpp); the vector loops use them for tails.
 uint64_t encode_run_portable(const Int8EncodeRun& run);
 void decode_run_portable(const Int8DecodeRun& run);
 uint64_t body_sum_portable(const uint8_t* body, uint64_t first_word, uint64_t words);
@@ -86,7 +86,7 @@ void pack_codes_portable(const int8_t* codes, int64_t n, uint64_t first, uint8_t
 void unpack_codes_portable(const uint8_t* packed, uint64_t first, int64_t n, int8_t* codes);
 
 #if GRADCOMP_X86
-// AVX2 loops (cpu_int8_x86.cpp).
+// AVX2 loops (cpu_weight_row_x86.cpp).
 uint64_t encode_run_avx2(const Int8EncodeRun& run);
 void decode_run_avx2(const Int8DecodeRun& run);
 uint64_t body_sum_avx2(const uint8_t* body, uint64_t words);
@@ -115,7 +115,7 @@ void int4_write_header(uint8_t* payload, uint8_t flags, uint32_t block, int num_
                        uint64_t numel, uint64_t sum);
 
 // A weight row codec's entry points beside its element-by-element reference: what the tests and
-// benchmarks that treat both codecs alike (test_int8_loops.cpp, bench_codecs.cpp) run.
+// benchmarks that treat both codecs alike (test_weight_row_loops.cpp, bench_codecs.cpp) run.
 struct WeightRowCodec {
   const char* name;
   uint64_t (*payload_bytes)(const Int8Run*, int, uint32_t);

@@ -1,7 +1,7 @@
 // The AVX2 weight row loops (int8, 4-bit), with the portable loops' bytes: 16 elements per step,
 // unaligned loads and stores (a run of a mixed-dtype row may start at any byte), the portable math
 // for tails.
-#include "cpu_int8_loops.h"
+#include "cpu_weight_row_loops.h"
 
 #if GRADCOMP_X86
 #include <immintrin.h>

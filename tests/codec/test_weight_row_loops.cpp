@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "cpu_int8_loops.h"
+#include "cpu_weight_row_loops.h"
 #include "gradcomp/cpu.h"
 #include "int4_params.h"
 
@@ -123,7 +123,7 @@ void expect_decode_equal(const WeightRowCodec& codec, const uint8_t* payload,
     EXPECT_EQ(got[kGuard + misalign + row + i], kCanary) << "wrote after the row";
 }
 
-TEST(Int8Loops, EveryIsaDtypeBlockSizeLengthAndAlignmentEqualsTheReference) {
+TEST(WeightRowLoops, EveryIsaDtypeBlockSizeLengthAndAlignmentEqualsTheReference) {
   IsaGuard guard;
   for (const WeightRowCodec& codec : kCodecs) {
     for (cpu::Isa isa : supported_isas()) {
@@ -149,7 +149,7 @@ TEST(Int8Loops, EveryIsaDtypeBlockSizeLengthAndAlignmentEqualsTheReference) {
   }
 }
 
-TEST(Int8Loops, MixedDtypeRowsAtEveryByteOffsetEqualTheReference) {
+TEST(WeightRowLoops, MixedDtypeRowsAtEveryByteOffsetEqualTheReference) {
   IsaGuard guard;
   const std::vector<Int8Run> runs = {{math::kDtypeBF16, 37},  {math::kDtypeF32, 300},
                                      {math::kDtypeF16, 129},  {math::kDtypeBF16, 1},
@@ -172,7 +172,7 @@ TEST(Int8Loops, MixedDtypeRowsAtEveryByteOffsetEqualTheReference) {
 
 // NaN and infinity anywhere (vector body, tail, first and last block, a later run) are refused
 // alike: the same first offset and the same flagged, empty payload as the reference.
-TEST(Int8Loops, NonFiniteElementsAreRefusedLikeTheReference) {
+TEST(WeightRowLoops, NonFiniteElementsAreRefusedLikeTheReference) {
   IsaGuard guard;
   const float bad[] = {std::numeric_limits<float>::quiet_NaN(),
                        std::numeric_limits<float>::infinity(),
@@ -212,7 +212,7 @@ TEST(Int8Loops, NonFiniteElementsAreRefusedLikeTheReference) {
 
 // Decoding bytes no encoder wrote (a forged scale of NaN, infinity or the largest bf16, any
 // codes) still gives the reference's bytes in every dtype.
-TEST(Int8Loops, DecodeOfArbitraryBodiesEqualsTheReference) {
+TEST(WeightRowLoops, DecodeOfArbitraryBodiesEqualsTheReference) {
   IsaGuard guard;
   std::mt19937 gen(11);
   for (const WeightRowCodec& codec : kCodecs) {
@@ -237,7 +237,7 @@ TEST(Int8Loops, DecodeOfArbitraryBodiesEqualsTheReference) {
 // The nibble packing of each instruction set, at both parities of the first nibble and every
 // length around its 32-code step, writes what the portable loop writes and nothing else, and
 // unpacks to the codes it packed.
-TEST(Int8Loops, FourBitPackingOfEveryIsaEqualsThePortableLoop) {
+TEST(WeightRowLoops, FourBitPackingOfEveryIsaEqualsThePortableLoop) {
   std::mt19937 gen(5);
   std::vector<int8_t> codes(100);
   for (auto& c : codes) c = static_cast<int8_t>(static_cast<int>(gen() % 15) - 7);
@@ -260,7 +260,7 @@ TEST(Int8Loops, FourBitPackingOfEveryIsaEqualsThePortableLoop) {
   }
 }
 
-TEST(Int8Loops, BodyChecksumOfEveryIsaEqualsTheScalarSum) {
+TEST(WeightRowLoops, BodyChecksumOfEveryIsaEqualsTheScalarSum) {
   std::mt19937 gen(2);
   std::vector<uint8_t> body(4 * 203 + 3);
   for (auto& b : body) b = static_cast<uint8_t>(gen());

@@ -1,4 +1,4 @@
-// FSDP2's collectives: tensors checked, the core's reduce-scatter, allreduce and int8 all-gather
+// FSDP2's collectives: tensors checked, the core's reduce-scatter, allreduce and weight all-gather
 // bound and counted.
 #include "fsdp_collectives.h"
 
@@ -259,7 +259,7 @@ bool FsdpReplicaAllreduce::allreduce(const at::Tensor& tensor, uint64_t bucket_i
   return nonfinite == 0;
 }
 
-// ---- the int8 parameter all-gather ---------------------------------------------------------
+// ---- the weight all-gather (int8 or 4-bit rows) ----------------------------------------------
 
 FsdpAllGather::FsdpAllGather(c10::intrusive_ptr<c10d::ProcessGroup> group, AllGatherOptions options,
                              std::chrono::milliseconds timeout,

@@ -78,7 +78,7 @@ class FsdpHook:
         self._groups = {}
         self._pending = {}
         self._sizes = {}  # the group size of each collective installed, known at install time
-        self._param_options = None  # the int8 all-gather's options (fsdp(params=...)), or None
+        self._param_options = None  # the weight all-gather's options (fsdp(params=...)), or None
         self.modules = []
 
     def _collective(self, kind: str, group):
